@@ -1,0 +1,1 @@
+complete --command oxrl --no-files --arguments "(env _OXRL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) oxrl)" --condition "env _OXRL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) oxrl"

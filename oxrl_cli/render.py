@@ -1,0 +1,40 @@
+"""Rich rendering of results."""
+
+from rich.console import Console
+from rich.table import Table
+
+
+def render_sl_summary(summary: dict, console: Console) -> None:
+    table = Table(title="oxrl train sl: done", show_header=False)
+    rows = [
+        ("steps", f"{summary['first_step'] - 1} -> {summary['steps']}"),
+        ("loss (first -> last step)", _pair(summary["first_loss"], summary["last_loss"])),
+        ("eval loss", _num(summary.get("eval_loss"))),
+        ("skipped records", str(summary["skipped_records"])),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("model", summary["checkpoint"]),
+        ("mlflow run", summary["mlflow_run_id"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def render_demo(result: dict) -> None:
+    console = Console()
+    table = Table(title="oxrl demo: SFT of oxrl-tiny on synthetic arithmetic")
+    table.add_column("")
+    table.add_column("before SFT", justify="right")
+    table.add_column("after SFT", justify="right")
+    for key in ("eval_loss", "format_accuracy", "answer_accuracy"):
+        table.add_row(key.replace("_", " "), _num(result["before"][key]), _num(result["after"][key]))
+    console.print(table)
+    console.print(f"{result['steps']} steps in {result['wall_time_s']:.0f} s; model at {result['checkpoint']}")
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _pair(a, b) -> str:
+    return f"{_num(a)} -> {_num(b)}"

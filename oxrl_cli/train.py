@@ -1,0 +1,63 @@
+"""`oxrl train sl` and `oxrl train rl`."""
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from oxrl_core.config import load_rl_config, load_sl_config
+from oxrl_core.config.load import dump_config
+from oxrl_core.config.schema import RL_ALGS, SL_ALGS
+
+train_app = typer.Typer(help="Train a model: supervised/preference (sl) or reinforcement learning (rl).", no_args_is_help=True)
+
+CONFIG = typer.Option(None, "--config", "-c", help="YAML config file (see the README's config reference).")
+OVERRIDES = typer.Argument(None, help="Dotted overrides applied after the file, e.g. train.lr=2e-5 train.steps=10.", show_default=False)
+DRY_RUN = typer.Option(False, "--dry-run", help="Validate, print the resolved config as YAML and exit.")
+
+
+@train_app.command("sl")
+def sl(
+    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft)."),
+    config: Path = CONFIG,
+    overrides: list[str] = OVERRIDES,
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
+    strict: bool = typer.Option(False, "--strict", help="Make a bad data record fatal instead of skipped and counted."),
+    dry_run: bool = DRY_RUN,
+) -> None:
+    """Supervised and preference training on DeepSpeed (SFT today; the rest are listed and not built yet)."""
+    from oxrl_cli.render import render_sl_summary
+    from oxrl_core.loops.sl import train_sl
+
+    resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
+    if dry_run:
+        typer.echo(dump_config(resolved), nl=False)
+        return
+    console = Console()
+    render_sl_summary(train_sl(resolved, model_path, resume, console), console)
+
+
+@train_app.command("rl")
+def rl(
+    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo)."),
+    config: Path = CONFIG,
+    overrides: list[str] = OVERRIDES,
+    dry_run: bool = DRY_RUN,
+) -> None:
+    """Reinforcement learning with Ray, DeepSpeed and vLLM [not built yet; --dry-run validates a config]."""
+    resolved, _ = load_rl_config(config, _with_flags(overrides, alg, strict=False))
+    if dry_run:
+        typer.echo(dump_config(resolved), nl=False)
+        return
+    Console(stderr=True).print("oxrl train rl: not built yet (tracked in issue #3); --dry-run validates a config")
+    raise typer.Exit(2)
+
+
+def _with_flags(overrides: list[str] | None, alg: str | None, strict: bool) -> list[str]:
+    """Command-line flags are overrides too, applied last."""
+    flags = list(overrides or [])
+    if alg is not None:
+        flags.append(f"train.alg={alg}")
+    if strict:
+        flags.append("data.strict=true")
+    return flags

@@ -1,0 +1,72 @@
+"""Checks that need more than one field or a look at the disk, run at load before any engine starts."""
+
+import os
+from pathlib import Path
+
+import torch
+
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
+from oxrl_core.models.hub import meta_model, resolve_model
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def check_config(config: SLConfig | RLConfig) -> str:
+    """Raise OxrlError for the first impossible combination; return the resolved model path."""
+    train, ds, run = config.train, config.deepspeed, config.run
+    if train.micro_batch_size * train.grad_accum * run.train_ranks != train.batch_size:
+        product = train.micro_batch_size * train.grad_accum * run.train_ranks
+        raise OxrlError(
+            f"train.batch_size={train.batch_size}: must equal train.micro_batch_size ({train.micro_batch_size}) "
+            f"x train.grad_accum ({train.grad_accum}) x run.train_ranks ({run.train_ranks}) = {product}"
+        )
+    if train.warmup_steps > train.steps:
+        raise OxrlError(f"train.warmup_steps={train.warmup_steps}: must be at most train.steps ({train.steps})")
+    if ds.offload_param and ds.zero_stage != 3:
+        raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")
+    if ds.offload_optimizer and ds.zero_stage == 0:
+        raise OxrlError("deepspeed.offload_optimizer=true: needs deepspeed.zero_stage 1, 2 or 3, got 0")
+    if torch.cuda.is_available() and run.train_ranks > torch.cuda.device_count():
+        raise OxrlError(f"run.train_ranks={run.train_ranks}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
+        raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
+
+    for i, source in enumerate(config.data.train):
+        _check_data_file(f"data.train.{i}.path", source.path)
+    if config.data.val is not None:
+        _check_data_file("data.val", config.data.val)
+    _check_writable(run.output_dir)
+
+    model_path = resolve_model(config.model.name_or_path)
+    if config.lora.enabled:
+        _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
+    return model_path
+
+
+def _check_data_file(key: str, path: Path) -> None:
+    if path.suffix not in DATA_SUFFIXES:
+        raise OxrlError(f"{key}={str(path)!r}: unsupported file type {path.suffix!r}; allowed: {', '.join(DATA_SUFFIXES)}")
+    if not path.is_file():
+        raise OxrlError(f"{key}={str(path)!r}: no such file")
+
+
+def _check_writable(path: Path) -> None:
+    existing = path
+    while not existing.exists():  # the nearest existing ancestor is where the folder would be created
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OxrlError(f"run.output_dir={str(path)!r}: not writable ({existing} is not a writable folder)")
+
+
+def _check_lora_targets(targets: list[str], model_path: str, trust_remote_code: bool) -> None:
+    if targets == ["all-linear"]:
+        return
+    modules = dict(meta_model(model_path, trust_remote_code).named_modules())
+    for target in targets:
+        # peft's rule: a target matches a module whose full name is it or ends with "." + it
+        if not any(name == target or name.endswith("." + target) for name in modules):
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items() if isinstance(m, torch.nn.Linear)} - {"lm_head"})
+            raise OxrlError(
+                f"lora.target_modules: {target!r} matches no module of {model_path}; its linear layers are: {', '.join(linear)} (or use all-linear)"
+            )

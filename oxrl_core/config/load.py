@@ -1,0 +1,107 @@
+"""YAML loading, dotted overrides and the conversion of validation errors to one line."""
+
+import re
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from oxrl_core.errors import OxrlError
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?\.?\d*[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, source: str):
+    try:
+        return yaml.load(text, Loader=_YamlLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise OxrlError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+
+
+def apply_override(tree: dict, override: str) -> None:
+    """Apply `a.b.c=value` in place; the value is parsed as YAML (numbers, bools, lists)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise OxrlError(f"override {override!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=2e-5")
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        node = _child(node, part, ".".join(parts[: i + 1]))
+    last = parts[-1]
+    value = parse_yaml(raw, f"override {override!r}")
+    if isinstance(node, list):
+        node[_list_index(node, last, key)] = value
+    else:
+        node[last] = value
+
+
+def _child(node, part: str, path: str):
+    if isinstance(node, list):
+        return node[_list_index(node, part, path)]
+    if not isinstance(node, dict):
+        raise OxrlError(f"override key {path!r}: {type(node).__name__} value has no sub-keys")
+    return node.setdefault(part, {})
+
+
+def _list_index(node: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise OxrlError(f"override key {path!r}: index {part!r} is not in 0..{len(node) - 1}")
+    return int(part)
+
+
+Config = TypeVar("Config", bound=BaseModel)
+
+
+def load_config(schema: type[Config], path: Path | None, overrides: list[str]) -> Config:
+    """Read YAML (or start empty), apply overrides, validate against `schema`."""
+    tree: dict = {}
+    if path is not None:
+        if not path.is_file():
+            raise OxrlError(f"--config {path}: no such file")
+        tree = parse_yaml(path.read_text(), str(path)) or {}
+        if not isinstance(tree, dict):
+            raise OxrlError(f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}")
+    for override in overrides:
+        apply_override(tree, override)
+    try:
+        return schema.model_validate(tree)
+    except ValidationError as e:
+        raise OxrlError("invalid config: " + "; ".join(_describe(err, schema) for err in e.errors())) from None
+
+
+def _describe(err: dict, schema: type[BaseModel]) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(_fields_at(schema, err["loc"][:-1]))
+        return f"unknown key {key!r} (allowed here: {allowed})"
+    if err["type"] == "missing":
+        return f"{key}: required key is missing"
+    return f"{key}={err['input']!r}: {err['msg']}"
+
+
+def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model at `loc`, for the 'allowed keys' hint."""
+    model = schema
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        model = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
+    return list(model.model_fields)
+
+
+def dump_config(config: BaseModel) -> str:
+    """The resolved config as YAML; `load_config` of this text gives the same config."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

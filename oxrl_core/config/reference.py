@@ -1,0 +1,57 @@
+"""The README's config reference, generated from the pydantic models.
+
+    python -m oxrl_core.config.reference README.md   # rewrite the block between the markers
+"""
+
+import sys
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from oxrl_core.config.schema import RLConfig, SLConfig
+
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def reference_markdown() -> str:
+    sl_sections = set(SLConfig.model_fields)
+    lines = []
+    for section, field in RLConfig.model_fields.items():
+        # train differs between SL and RL; every other section is shared or RL-only
+        variants = [("sl", SLConfig.model_fields[section].annotation), ("rl", field.annotation)] if section == "train" else [(None, field.annotation)]
+        for kind, model in variants:
+            where = f" ({kind} runs)" if kind else ("" if section in sl_sections else " (rl runs)")
+            lines += [f"#### `{section}`{where}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+            for name, sub in model.model_fields.items():
+                lines.append(f"| `{section}.{name}` | {_type(sub.annotation)} | {_default(sub)} | {sub.description or ''} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _type(annotation) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return "section" if issubclass(annotation, BaseModel) else annotation.__name__
+    return str(annotation).replace("pathlib.", "").replace("typing.", "").replace("|", "\\|")
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        return "(see meaning)"
+    if field.default is PydanticUndefined:
+        return "required"
+    return f"`{field.default}`" if field.default is not None else "`null`"
+
+
+def rewrite(readme: Path) -> None:
+    text = readme.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    rewrite(Path(sys.argv[1]))

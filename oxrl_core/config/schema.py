@@ -1,0 +1,143 @@
+"""The run configuration: pydantic models for SL and RL runs.
+
+Every field here is documented by its `description`; the README's config
+reference is generated from these models (`oxrl_core.config.reference`).
+Cross-field and file-system checks live in `checks.py`.
+"""
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SL_ALGS = ("sft", "dpo", "ipo", "orpo", "kto", "simpo", "cpt", "kd", "rm", "rft", "spin", "online-dpo")
+RL_ALGS = ("sgrpo", "cispo", "ppo")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Section(BaseModel):
+    # Unknown keys are mistakes (a typo must never be silently ignored); types are not coerced
+    # from strings, so `lr: "1e-5"` in YAML is an error rather than a surprise.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ModelSection(Section):
+    name_or_path: str = Field("oxrl-tiny", description="Local folder, Hugging Face Hub id, or `oxrl-tiny` (the built-in tiny model, built locally on first use).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Training dtype; `auto` is bfloat16 on GPU and float32 on CPU.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel passed to transformers.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
+
+
+class LoraSection(Section):
+    enabled: bool = Field(False, description="Train a LoRA adapter (peft) instead of all weights.")
+    r: PositiveInt = Field(16, description="LoRA rank.")
+    alpha: PositiveFloat = Field(32.0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names (suffixes) that get adapters, or `all-linear`; checked against the model at load.",
+    )
+
+
+class DataSource(Section):
+    path: Path = Field(strict=False, description="A .jsonl or .parquet file.")
+    ratio: PositiveFloat = Field(1.0, description="Relative share of this source in every batch.")
+
+
+class DataSection(Section):
+    train: list[DataSource] = Field(min_length=1, description="Training sources, mixed by `ratio`.")
+    val: Path | None = Field(None, strict=False, description="Held-out file; its loss is reported at the end (and every `train.eval_every` steps).")
+    max_len: PositiveInt = Field(1024, description="Prompt + response tokens; longer examples are truncated.")
+    strict: bool = Field(False, description="Make a bad record fatal instead of skipped and counted (CLI: --strict).")
+
+
+class DeepSpeedSection(Section):
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage: 0 plain data parallel, 1 optimizer, 2 + gradients, 3 + parameters sharded.")
+    offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory (ZeRO 1-3).")
+    offload_param: bool = Field(False, description="Keep parameters in CPU memory (ZeRO 3).")
+
+
+class RunSection(Section):
+    name: str = Field("oxrl-run", pattern=r"^[A-Za-z0-9._-]+$", description="Run folder name under `output_dir`.")
+    output_dir: Path = Field(
+        strict=False,
+        default_factory=lambda: Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")),
+        description="Where run folders go; default `$OXRL_CHECKPOINT_DIR` or ./checkpoints.",
+    )
+    train_ranks: PositiveInt = Field(1, description="DeepSpeed ranks: one GPU each on GPU machines, one process each on CPU.")
+    checkpoint_every: Annotated[int, Field(ge=0)] = Field(0, description="Save a checkpoint every N steps (0: only at the end).")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI; default `$MLFLOW_TRACKING_URI`, else a local store in the run folder.")
+
+
+class TrainCommon(Section):
+    lr: PositiveFloat = Field(1e-5, description="Peak learning rate (AdamW).")
+    steps: PositiveInt = Field(100, description="Optimizer steps.")
+    batch_size: PositiveInt = Field(8, description="Sequences per optimizer step, all ranks together.")
+    micro_batch_size: PositiveInt = Field(8, description="Sequences per forward pass on one rank.")
+    grad_accum: PositiveInt = Field(1, description="Micro-batches per optimizer step on one rank.")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="Linear warm-up steps.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field("cosine", description="Decay after warm-up, over `steps`.")
+    weight_decay: Annotated[float, Field(ge=0)] = Field(0.0, description="AdamW weight decay.")
+    max_grad_norm: PositiveFloat = Field(1.0, description="Gradient clipping norm.")
+    seed: int = Field(0, description="Seed for data order and initialisation.")
+
+
+class SLTrain(TrainCommon):
+    alg: Literal[SL_ALGS] = Field("sft", description="Supervised algorithm (CLI: --alg).")
+    eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Evaluate on `data.val` every N steps (0: only at the end).")
+
+
+class RLTrain(TrainCommon):
+    alg: Literal[RL_ALGS] = Field("cispo", description="RL algorithm (CLI: --alg).")
+    batch_size: PositiveInt = Field(64, description="Samples (prompts x n_samples) per optimizer step, all ranks together.")
+    grad_accum: PositiveInt = Field(8, description="Micro-batches per optimizer step on one rank.")
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(0.2, description="Lower clip of the importance ratio: 1 - clip_low.")
+    clip_high: Annotated[float, Field(ge=0)] = Field(0.28, description="Upper clip of the importance ratio: 1 + clip_high.")
+    kl_coeff: Annotated[float, Field(ge=0)] = Field(0.0, description="Weight of the KL term to a frozen reference model; 0 loads none.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field("token-mean", description="How per-token losses become one number.")
+
+
+class RolloutSection(Section):
+    n_samples: PositiveInt = Field(8, description="Completions sampled per prompt (the group size).")
+    temperature: Annotated[float, Field(ge=0)] = Field(1.0, description="Sampling temperature.")
+    top_p: Annotated[float, Field(gt=0, le=1)] = Field(1.0, description="Nucleus sampling mass.")
+    max_tokens: PositiveInt = Field(256, description="New tokens per completion.")
+    max_prompt_len: PositiveInt = Field(512, description="Prompts longer than this are skipped and counted.")
+    engines: PositiveInt = Field(1, description="vLLM engines (Ray actors).")
+    tensor_parallel_size: PositiveInt = Field(1, description="GPUs per vLLM engine.")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take.")
+    force_strict_on_policy: bool = Field(True, description="Refuse samples produced by an older policy version.")
+
+
+class RewardSection(Section):
+    func: str = Field("math", description="A shipped reward by name, or `module:function`.")
+    kwargs: dict = Field({}, description="Keyword arguments for the reward function.")
+
+
+class SLConfig(Section):
+    """An `oxrl train sl` run."""
+
+    model: ModelSection = ModelSection()
+    lora: LoraSection = LoraSection()
+    data: DataSection
+    train: SLTrain = SLTrain()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    run: RunSection = Field(default_factory=RunSection)
+
+
+class RLConfig(Section):
+    """An `oxrl train rl` run."""
+
+    model: ModelSection = ModelSection()
+    lora: LoraSection = LoraSection()
+    data: DataSection
+    train: RLTrain = RLTrain()
+    rollout: RolloutSection = RolloutSection()
+    reward: RewardSection = RewardSection()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    run: RunSection = Field(default_factory=RunSection)

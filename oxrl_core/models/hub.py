@@ -1,0 +1,44 @@
+"""Finding a model: the built-in tiny model, a local folder, or a Hugging Face Hub id."""
+
+from pathlib import Path
+
+import torch
+
+from oxrl_core.errors import OxrlError
+from oxrl_core.models.tiny import TINY_MODEL_NAME, resolve_tiny_model
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A loadable folder or hub id for `model.name_or_path`, or one clear error.
+
+    `oxrl-tiny` is built locally on first use; a local folder must hold a
+    config.json; anything else is tried as a hub id (cache first, the Hub when online).
+    """
+    if name_or_path == TINY_MODEL_NAME:
+        return str(resolve_tiny_model())
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise OxrlError(f"model.name_or_path={name_or_path!r}: folder has no config.json; expected a Hugging Face model folder")
+        return str(path)
+    if path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
+        raise OxrlError(f"model.name_or_path={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise OxrlError(
+            f"model.name_or_path={name_or_path!r}: not a local folder and not found in the Hugging Face cache or on the Hub "
+            f"({str(e).splitlines()[0][:160]})"
+        ) from None
+    return name_or_path
+
+
+def meta_model(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
+    """The model's module tree from its config alone: built on the meta device, no weights read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)

@@ -1,0 +1,31 @@
+"""The seeded synthetic arithmetic task of the demo and the tests.
+
+"What is 17 + 25?" -> "<answer>42</answer>": small enough for the tiny model to
+learn the format by SFT and to improve on with a verifiable reward.
+"""
+
+import json
+import random
+from pathlib import Path
+
+
+def arithmetic_problems(n: int, seed: int, max_operand: int = 50) -> list[dict]:
+    """`n` problems `{"prompt", "answer"}` with + and -, the same for the same seed."""
+    rng = random.Random(seed)
+    problems = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice("+-")
+        problems.append({"prompt": f"What is {a} {op} {b}?", "answer": str(a + b if op == "+" else a - b)})
+    return problems
+
+
+def sft_records(problems: list[dict]) -> list[dict]:
+    return [{"prompt": p["prompt"], "completion": f"<answer>{p['answer']}</answer>"} for p in problems]
+
+
+def write_jsonl(records: list[dict], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path

@@ -1,0 +1,50 @@
+"""MLflow logging of a run's params and per-step metrics.
+
+The store is `run.tracking_uri`, else `$MLFLOW_TRACKING_URI`, else a local
+SQLite store beside the run folders (`mlflow ui --backend-store-uri sqlite:///<output_dir>/mlflow.db`).
+"""
+
+import os
+import time
+from pathlib import Path
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+EXPERIMENT = "oxrl"
+
+
+def tracking_uri(configured: str | None, output_dir: Path) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"
+
+
+class MlflowLog:
+    def __init__(self, uri: str, run_name: str, params: dict, run_id: str | None = None):
+        """Start a run and log `params`, or continue `run_id` (a resumed run)."""
+        self.client = MlflowClient(uri)
+        if run_id is None:
+            experiment = self.client.get_experiment_by_name(EXPERIMENT)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+            run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{'train': {'lr': 1e-5}} -> {'train.lr': 1e-5}: MLflow params are flat."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

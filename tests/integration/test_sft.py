@@ -1,0 +1,163 @@
+"""SFT end to end on the real stack: the `oxrl` console script, Ray, DeepSpeed (gloo), the tiny model."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def arithmetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("arith")
+    return {
+        "train": write_jsonl(sft_records(arithmetic_problems(64, seed=0)), folder / "train.jsonl"),
+        "val": write_jsonl(sft_records(arithmetic_problems(16, seed=1)), folder / "val.jsonl"),
+    }
+
+
+def sft_args(tiny_model_dir, arithmetic, out, name, *overrides):
+    return [
+        "train", "sl", "--alg", "sft",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {arithmetic['train']}}}]",
+        f"data.val={arithmetic['val']}",
+        f"run.output_dir={out}", f"run.name={name}",
+        "train.lr=3e-3", "train.batch_size=8", "train.micro_batch_size=2", "train.grad_accum=2", "run.train_ranks=2",
+        *overrides,
+    ]
+
+
+def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
+    """Token-mean NLL of the responses, computed independently with transformers' own `labels` loss."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    nll = tokens = 0.0
+    for line in val_file.read_text().splitlines():
+        record = json.loads(line)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": record["prompt"]}], add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(
+            [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["completion"]}], tokenize=False)
+        ids = tokenizer(full, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        labels = ids.clone()
+        labels[:, :n_prompt] = -100
+        with torch.no_grad():
+            loss = model(input_ids=ids, labels=labels).loss.double().item()
+        n = (labels[:, 1:] != -100).sum().item()
+        nll += loss * n
+        tokens += n
+    return nll / tokens
+
+
+def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(tmp_path, tiny_model_dir, arithmetic, oxrl):
+    out = tmp_path / "runs"
+    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "z3", "deepspeed.zero_stage=3", "train.steps=30"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "z3" / "summary.json").read_text())
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    losses = [m.value for m in client.get_metric_history(summary["mlflow_run_id"], "loss")]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+
+    # MLflow: params and per-step metrics read back
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["deepspeed.zero_stage"] == "3" and run.data.params["train.lr"] == "0.003"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "lr")] == list(range(1, 31))
+    assert run.info.status == "FINISHED"
+
+    # The final folder reloads in transformers and gives the trainer's eval loss.
+    final = out / "z3" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    assert abs(hf_eval_loss(model, final, arithmetic["val"]) - summary["eval_loss"]) <= 1e-4
+
+
+def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, tiny_model_dir, arithmetic, oxrl):
+    out = tmp_path / "runs"
+    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "v", "deepspeed.zero_stage=3", "train.steps=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = textwrap.dedent(f"""
+        from vllm import LLM, SamplingParams
+        if __name__ == "__main__":
+            llm = LLM(model="{out / 'v' / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+                      gpu_memory_utilization=0.2)  # on CPU: the share of RAM for the KV cache
+            out = llm.generate(["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+            print("GENERATED", len(out[0].outputs[0].token_ids))
+    """)
+    (tmp_path / "gen.py").write_text(script)
+    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600)
+    assert "GENERATED 8" in gen.stdout, gen.stderr[-3000:]
+
+
+def test_resume_from_step_10_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tiny_model_dir, arithmetic, oxrl):
+    out = tmp_path / "runs"
+    # Warm-up spans the interruption and 20 steps of 8 cover the 64 examples 2.5 times, so the
+    # LR schedule and the data order (epochs) must both be restored to match.
+    common = ("deepspeed.zero_stage=2", "train.lr_scheduler=constant", "train.warmup_steps=8", "data.val=null")
+    whole = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "whole", *common, "train.steps=20"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=10"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"))
+    assert again.returncode == 2 and "--resume" in again.stderr  # an existing run is never overwritten
+    resumed = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    a = load_file(out / "whole" / "final" / "model.safetensors")
+    b = load_file(out / "split" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    # and the resumed run really trained: its weights moved from the step-10 ones
+    assert json.loads((out / "split" / "summary.json").read_text())["first_step"] == 11
+
+
+def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tmp_path, tiny_model_dir, arithmetic, oxrl):
+    from peft import PeftModel
+
+    out = tmp_path / "runs"
+    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "lora", "deepspeed.zero_stage=3", "train.steps=5",
+                            "lora.enabled=true", "lora.r=8", "lora.target_modules=[q_proj, v_proj, up_proj]"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = out / "lora" / "final"
+    adapter = load_file(final / "adapter_model.safetensors")
+    assert adapter and all(t.numel() > 0 for t in adapter.values())
+    assert any("up_proj.lora_B" in k for k in adapter)
+    assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)  # B starts at zero: it trained
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, final)
+    summary = json.loads((out / "lora" / "summary.json").read_text())
+    assert abs(hf_eval_loss(model, final, arithmetic["val"]) - summary["eval_loss"]) <= 1e-4
+
+
+def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_model_dir, arithmetic, oxrl, monkeypatch):
+    data = tmp_path / "mixed.jsonl"
+    good = arithmetic["train"].read_text().splitlines()[:8]
+    data.write_text("\n".join([good[0], "{not json", good[1], '{"prompt": "hi"}', good[2],
+                               '{"prompt": "hi", "completion": ""}', *good[3:]]) + "\n")
+    tracking = tmp_path / "elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tracking}")
+    result = oxrl("train", "sl", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
+                  f"run.output_dir={tmp_path / 'runs'}", "run.name=bad", "train.steps=1", "train.batch_size=2",
+                  "train.micro_batch_size=2", "deepspeed.zero_stage=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "8 of 11 records used, 3 skipped" in result.stdout
+    assert f"{data}:2: " in result.stdout and f"{data}:4: " in result.stdout and f"{data}:6: " in result.stdout
+    assert "completion" in (tmp_path / "runs" / "bad" / "skipped_records.txt").read_text()
+    # MLFLOW_TRACKING_URI is honoured: the run is in that store, not beside the run folders
+    summary = json.loads((tmp_path / "runs" / "bad" / "summary.json").read_text())
+    assert MlflowClient(f"sqlite:///{tracking}").get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+    strict = oxrl("train", "sl", "--strict", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
+                  f"run.output_dir={tmp_path / 'runs'}", "run.name=strict", "train.batch_size=2", "train.micro_batch_size=2")
+    assert strict.returncode == 2
+    assert f"{data}:2:" in strict.stderr and "Traceback" not in strict.stderr

@@ -1,0 +1,163 @@
+"""Config loading: bad configs are rejected at load with the key, the value and what is allowed."""
+
+import pytest
+import yaml
+
+from oxrl_core.config import load_sl_config
+from oxrl_core.config.load import dump_config, load_config
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
+
+
+@pytest.fixture
+def good(tmp_path, tiny_model_dir):
+    """A valid SL config tree with a real data file, model and output folder."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "completion": "<answer>2</answer>"}\n')
+    return {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"train": [{"path": str(data)}]},
+        "train": {"batch_size": 4, "micro_batch_size": 2, "grad_accum": 2},
+        "run": {"output_dir": str(tmp_path / "out")},
+    }
+
+
+def load(tmp_path, tree, overrides=()):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return load_sl_config(path, list(overrides))
+
+
+def rejected(tmp_path, tree, overrides=()) -> str:
+    with pytest.raises(OxrlError) as e:
+        load(tmp_path, tree, overrides)
+    return str(e.value)
+
+
+def test_valid_config_loads_and_resolves_the_model(tmp_path, good, tiny_model_dir):
+    config, model_path = load(tmp_path, good)
+    assert config.train.batch_size == 4 and model_path == str(tiny_model_dir)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        # unknown keys, at the top and inside a section
+        ("trian.lr=1e-5", ["unknown key 'trian'", "model", "train", "run"]),
+        ("train.lrr=1e-5", ["unknown key 'train.lrr'", "lr", "warmup_steps"]),
+        # wrong types
+        ("train.lr=fast", ["train.lr='fast'", "valid number"]),
+        ("train.steps=1.5", ["train.steps=1.5", "valid integer"]),
+        ("lora.enabled=maybe", ["lora.enabled='maybe'", "valid boolean"]),
+        # out of range / not one of the allowed values
+        ("deepspeed.zero_stage=4", ["deepspeed.zero_stage=4", "0, 1, 2 or 3"]),
+        ("train.alg=ppo", ["train.alg='ppo'", "'sft'", "'dpo'"]),
+        ("train.lr=-1", ["train.lr=-1", "greater than 0"]),
+        ("model.dtype=fp8", ["model.dtype='fp8'", "'bfloat16'"]),
+        ("run.name=a/b", ["run.name='a/b'", "pattern"]),
+    ],
+)
+def test_schema_errors_name_the_key_value_and_allowed(tmp_path, good, override, expected):
+    message = rejected(tmp_path, good, [override])
+    for fragment in expected:
+        assert fragment in message, (fragment, message)
+
+
+def test_batch_size_must_match_micro_batch_grad_accum_and_ranks(tmp_path, good):
+    message = rejected(tmp_path, good, ["run.train_ranks=2"])
+    assert "train.batch_size=4" in message and "= 8" in message
+    assert "train.micro_batch_size (2)" in message and "train.grad_accum (2)" in message and "run.train_ranks (2)" in message
+
+
+def test_lora_target_absent_from_model_is_rejected_with_the_real_names(tmp_path, good):
+    message = rejected(tmp_path, good, ["lora.enabled=true", "lora.target_modules=[q_proj, qkv]"])
+    assert "lora.target_modules" in message and "'qkv'" in message
+    assert "q_proj" in message and "down_proj" in message
+
+
+def test_missing_data_file_is_rejected(tmp_path, good):
+    message = rejected(tmp_path, good, [f"data.train.0.path={tmp_path / 'nope.jsonl'}"])
+    assert "data.train.0.path=" in message and "no such file" in message
+
+
+def test_unsupported_data_file_type_lists_allowed(tmp_path, good):
+    (tmp_path / "train.csv").write_text("a,b\n")
+    message = rejected(tmp_path, good, [f"data.train.0.path={tmp_path / 'train.csv'}"])
+    assert "'.csv'" in message and ".jsonl" in message and ".parquet" in message
+
+
+def test_output_dir_not_writable_is_rejected(tmp_path, good):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    message = rejected(tmp_path, good, [f"run.output_dir={blocker / 'runs'}"])
+    assert "run.output_dir=" in message and "not writable" in message
+
+
+def test_missing_model_folder_is_one_clear_error(tmp_path, good):
+    message = rejected(tmp_path, good, ["model.name_or_path=/no/such/model"])
+    assert message.startswith("model.name_or_path='/no/such/model': no such folder")
+    assert "\n" not in message
+
+
+def test_offload_param_needs_zero3(tmp_path, good):
+    message = rejected(tmp_path, good, ["deepspeed.offload_param=true", "deepspeed.zero_stage=2"])
+    assert "deepspeed.offload_param" in message and "zero_stage=3" in message
+
+
+def test_warmup_longer_than_training_is_rejected(tmp_path, good):
+    message = rejected(tmp_path, good, ["train.steps=10", "train.warmup_steps=20"])
+    assert "train.warmup_steps=20" in message and "train.steps (10)" in message
+
+
+def test_missing_required_section_is_named(tmp_path, good):
+    del good["data"]
+    assert "data: required key is missing" in rejected(tmp_path, good)
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  lr: [1\n  steps: 2\n")
+    with pytest.raises(OxrlError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_config(SLConfig, path, [])
+
+
+def test_unbuilt_algorithm_says_so(tmp_path, good):
+    assert "not built yet" in rejected(tmp_path, good, ["train.alg=dpo"])
+
+
+def test_dotted_overrides_change_the_resolved_config(tmp_path, good):
+    config, _ = load(tmp_path, good, ["train.lr=2e-5", "train.steps=7", "lora.target_modules=[q_proj]", "data.train.0.ratio=0.5"])
+    assert config.train.lr == 2e-5 and isinstance(config.train.lr, float)
+    assert config.train.steps == 7
+    assert config.lora.target_modules == ["q_proj"]
+    assert config.data.train[0].ratio == 0.5
+
+
+def test_scientific_notation_in_yaml_is_a_float(tmp_path, good):
+    good["train"]["lr"] = "PLACEHOLDER"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(good).replace("PLACEHOLDER", "3e-4"))
+    assert load_config(SLConfig, path, []).train.lr == 3e-4
+
+
+def test_malformed_override_is_rejected():
+    with pytest.raises(OxrlError, match="expected KEY=VALUE"):
+        load_config(SLConfig, None, ["train.lr"])
+
+
+def test_dumped_config_round_trips(tmp_path, good):
+    config, _ = load(tmp_path, good, ["train.lr=2e-5", "lora.enabled=true"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(SLConfig, path, []) == config
+
+
+def test_rl_config_validates_group_size(tmp_path, good):
+    good["train"] = {"batch_size": 6, "micro_batch_size": 6}
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(good))
+    config = load_config(RLConfig, path, ["rollout.n_samples=4"])
+    from oxrl_core.config.checks import check_config
+
+    with pytest.raises(OxrlError, match=r"train.batch_size=6: must be a multiple of rollout.n_samples \(4\)"):
+        check_config(config)

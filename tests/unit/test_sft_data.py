@@ -1,0 +1,114 @@
+"""SFT data: record shapes, the assistant-only loss mask, prediction alignment, bad records."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from oxrl_core.data.records import load_sft_examples
+from oxrl_core.data.sft import collate_sft, sft_messages, tokenize_sft
+from oxrl_core.errors import OxrlError
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def masked_text(tokenizer, example) -> str:
+    return tokenizer.decode([t for t, m in zip(example.input_ids, example.target_mask) if m])
+
+
+def test_mask_covers_exactly_the_assistant_reply_and_its_end_token(tokenizer):
+    example = tokenize_sft(sft_messages({"prompt": "What is 2 + 3?", "completion": "<answer>5</answer>"}), tokenizer, 128)
+    assert masked_text(tokenizer, example) == "<answer>5</answer><|im_end|>\n"
+    assert tokenizer.decode(example.input_ids).startswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>")
+
+
+def test_multi_turn_masks_every_assistant_turn_and_no_user_turn(tokenizer):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "And 2 + 2?"},
+        {"role": "assistant", "content": "four"},
+    ]
+    example = tokenize_sft(sft_messages({"messages": messages}), tokenizer, 256)
+    assert masked_text(tokenizer, example) == "two<|im_end|>\nfour<|im_end|>\n"
+
+
+def test_prompt_completion_equals_the_same_conversation(tokenizer):
+    a = tokenize_sft(sft_messages({"prompt": "hi", "completion": "hello"}), tokenizer, 64)
+    b = tokenize_sft(sft_messages({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}), tokenizer, 64)
+    conversational = tokenize_sft(sft_messages({"prompt": [{"role": "user", "content": "hi"}],
+                                                "completion": [{"role": "assistant", "content": "hello"}]}), tokenizer, 64)
+    assert a == b == conversational
+
+
+def test_collated_mask_is_prediction_aligned_and_zero_on_padding(tokenizer):
+    short = tokenize_sft(sft_messages({"prompt": "hi", "completion": "yes"}), tokenizer, 64)
+    long = tokenize_sft(sft_messages({"prompt": "What is 40 + 2?", "completion": "<answer>42</answer>"}), tokenizer, 64)
+    batch = collate_sft([short, long], pad_id=tokenizer.pad_token_id)
+    ids, mask = batch["input_ids"], batch["response_mask"]
+    assert mask.shape == (2, ids.shape[1] - 1)
+    for b, example in enumerate([short, long]):
+        # response_mask[b, t] == 1 exactly when the token x[b, t+1] it predicts is a response token
+        predicted = [ids[b, t + 1].item() for t in range(mask.shape[1]) if mask[b, t]]
+        assert predicted == [tok for tok, m in zip(example.input_ids, example.target_mask) if m]
+    n = len(short.input_ids)
+    assert batch["attention_mask"][0, n:].sum() == 0 and mask[0, n - 1:].sum() == 0
+
+
+def test_prompt_longer_than_max_len_is_an_error_not_an_empty_example(tokenizer):
+    with pytest.raises(ValueError, match="no response token is left"):
+        tokenize_sft(sft_messages({"prompt": "word " * 50, "completion": "ok"}), tokenizer, 16)
+
+
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ({"prompt": "hi"}, "missing field 'completion'"),
+        ({"prompt": "hi", "completion": "  "}, "empty completion"),
+        ({"text": "hi"}, "no 'messages' or 'prompt'/'completion'"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "role: one of"),
+        ({"prompt": 3, "completion": "x"}, "must be a string or a list"),
+    ],
+)
+def test_bad_records_say_why(record, reason):
+    with pytest.raises(ValueError, match=reason):
+        sft_messages(record)
+
+
+def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    good = json.dumps({"prompt": "a", "completion": "b"})
+    path.write_text("\n".join([good, "{broken", "", good, '{"prompt": "x"}', '[1, 2]', good]) + "\n")
+    examples, report = load_sft_examples(path, tokenizer, 64, strict=False)
+    assert len(examples) == 3 and report.kept == 3 and report.total == 6
+    assert [(p.line, p.reason.split(" (")[0]) for p in report.problems] == [
+        (2, "malformed JSON"), (5, "missing field 'completion'"), (6, "expected a JSON object, got list")]
+    assert str(report.problems[0]).startswith(f"{path}:2: malformed JSON")
+
+
+def test_strict_makes_the_first_bad_line_fatal(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n{broken\n")
+    with pytest.raises(OxrlError, match=rf"{path}:2: malformed JSON.*--strict"):
+        load_sft_examples(path, tokenizer, 64, strict=True)
+
+
+def test_parquet_rows_are_read_and_reported_by_row(tmp_path, tokenizer):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": ""}]), path)
+    examples, report = load_sft_examples(path, tokenizer, 64, strict=False)
+    assert len(examples) == 1 and [(p.line, p.reason) for p in report.problems] == [(2, "empty completion")]
+
+
+def test_a_file_without_usable_records_is_an_error(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "x"}\n')
+    with pytest.raises(OxrlError, match="no usable SFT record"):
+        load_sft_examples(path, tokenizer, 64, strict=False)
