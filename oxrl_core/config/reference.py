@@ -3,6 +3,7 @@
     python -m oxrl_core.config.reference README.md   # rewrite the block between the markers
 """
 
+import json
 import sys
 import typing
 from pathlib import Path
@@ -31,6 +32,9 @@ def reference_markdown() -> str:
 
 
 def _type(annotation) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return "list of {" + ", ".join(args[0].model_fields) + "}"
     if typing.get_origin(annotation) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
     if isinstance(annotation, type) and not typing.get_args(annotation):
@@ -43,7 +47,7 @@ def _default(field) -> str:
         return "(see meaning)"
     if field.default is PydanticUndefined:
         return "required"
-    return f"`{field.default}`" if field.default is not None else "`null`"
+    return f"`{json.dumps(field.default)}`"
 
 
 def rewrite(readme: Path) -> None:

@@ -8,8 +8,10 @@ the sampler state.
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from oxrl_core.config.load import dump_config
@@ -58,12 +60,11 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
 
     train, ranks = config.train, config.run.train_ranks
     summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id}
-    with crash_report(run_dir, config_yaml), ray_cluster():
+    with crash_report(run_dir, config_yaml), log, ray_cluster():
         group = TrainGroup(config, model_path, run_dir / "logs")
 
         def evaluate() -> float:
-            per_rank = [_micro_batches(val_set[r::ranks], train.micro_batch_size, pad_id) for r in range(ranks)]
-            results = group.call("eval_nll", per_rank)
+            results = group.call("eval_nll", _eval_batches(val_set, ranks, train.micro_batch_size, pad_id))
             return sum(r["nll_sum"] for r in results) / sum(r["tokens"] for r in results)
 
         def save(step: int, final: bool) -> None:
@@ -110,7 +111,6 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
             log.log({"eval_loss": summary["eval_loss"]}, train.steps)
         save(train.steps, final=True)
         group.shutdown()
-    log.finish()
     summary.update(
         wall_time_s=time.perf_counter() - start,
         first_loss=losses[0] if losses else None,
@@ -124,6 +124,15 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
 
 def _micro_batches(examples: list[SFTExample], size: int, pad_id: int) -> list[dict]:
     return [collate_sft(examples[i:i + size], pad_id) for i in range(0, len(examples), size)]
+
+
+def _eval_batches(examples: list[SFTExample], ranks: int, size: int, pad_id: int) -> list[list[dict]]:
+    """Micro-batches dealt to ranks so that each runs the same number of forwards (ZeRO-3 gathers
+    parameters in every one); filler batches have an empty mask and count for nothing."""
+    batches = _micro_batches(examples, size, pad_id)
+    filler = {**batches[0], "response_mask": torch.zeros_like(batches[0]["response_mask"])}
+    batches += [filler] * (-len(batches) % ranks)
+    return [batches[r::ranks] for r in range(ranks)]
 
 
 def _resume_state(ds_dir: Path) -> dict:
@@ -143,11 +152,12 @@ def _refuse_overwrite(ds_dir: Path) -> dict:
 def _report_data(reports: list[DataReport], run_dir: Path, console: Console) -> None:
     """Print a line per skipped record (the first few) and keep them all in the run folder."""
     problems = [p for r in reports for p in r.problems]
+    say = partial(console.print, soft_wrap=True, highlight=False, markup=False)  # paths and records print verbatim
     for r in reports:
-        console.print(f"data {r.path}: {r.kept} of {r.total} records used, {len(r.problems)} skipped")
+        say(f"data {r.path}: {r.kept} of {r.total} records used, {len(r.problems)} skipped")
     for p in problems[:10]:
-        console.print(f"  [yellow]skipped[/] {p}")
+        say(f"  skipped {p}")
     if len(problems) > 10:
-        console.print(f"  ... and {len(problems) - 10} more")
+        say(f"  ... and {len(problems) - 10} more (all in skipped_records.txt)")
     if problems:
         (run_dir / "skipped_records.txt").write_text("".join(f"{p}\n" for p in problems))

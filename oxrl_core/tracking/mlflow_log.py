@@ -35,7 +35,11 @@ class MlflowLog:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    def finish(self, status: str = "FINISHED") -> None:
+    def __enter__(self) -> "MlflowLog":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
         self.client.set_terminated(self.run_id, status=status)
 
 

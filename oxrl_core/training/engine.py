@@ -50,7 +50,6 @@ class TrainEngine:
         # DeepSpeed reads these even for one process (otherwise it looks for MPI).
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_gpu else "cpu")
         if not on_gpu:
             # Ranks share the cores; without this each takes them all and they thrash.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))

@@ -4,6 +4,7 @@ A call on the group runs the same method on every rank and waits for all of
 them; rank 0's answer (or every rank's, where they differ) comes back.
 """
 
+import logging
 import os
 import socket
 from contextlib import contextmanager
@@ -24,9 +25,9 @@ def ray_cluster(temp_dir: Path | None = None):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                  object_store_memory=256 * 1024**2)
     try:
         yield

@@ -60,9 +60,13 @@ def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
 
 def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(tmp_path, tiny_model_dir, arithmetic, oxrl):
     out = tmp_path / "runs"
-    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "z3", "deepspeed.zero_stage=3", "train.steps=30"))
+    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "z3", "deepspeed.zero_stage=3", "train.steps=30",
+                            "run.checkpoint_every=10"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "z3" / "summary.json").read_text())
+    assert sorted(p.name for p in (out / "z3").glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
+    assert (out / "z3" / "ds" / "latest").read_text() == "step-30"
+    assert (out / "z3" / "checkpoint-000010" / "model.safetensors").is_file()
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     losses = [m.value for m in client.get_metric_history(summary["mlflow_run_id"], "loss")]
     assert len(losses) == 30
@@ -123,8 +127,12 @@ def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tm
     from peft import PeftModel
 
     out = tmp_path / "runs"
+    # 5 validation records in micro-batches of 2 on 2 ranks: an odd number of batches, which ZeRO-3
+    # (every rank joins every forward) can only evaluate if the loop evens them out.
+    val = tmp_path / "val5.jsonl"
+    val.write_text("\n".join(arithmetic["val"].read_text().splitlines()[:5]) + "\n")
     result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "lora", "deepspeed.zero_stage=3", "train.steps=5",
-                            "lora.enabled=true", "lora.r=8", "lora.target_modules=[q_proj, v_proj, up_proj]"))
+                            "lora.enabled=true", "lora.r=8", "lora.target_modules=[q_proj, v_proj, up_proj]", f"data.val={val}"))
     assert result.returncode == 0, result.stderr[-3000:]
     final = out / "lora" / "final"
     adapter = load_file(final / "adapter_model.safetensors")
@@ -135,7 +143,7 @@ def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tm
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, final)
     summary = json.loads((out / "lora" / "summary.json").read_text())
-    assert abs(hf_eval_loss(model, final, arithmetic["val"]) - summary["eval_loss"]) <= 1e-4
+    assert abs(hf_eval_loss(model, final, val) - summary["eval_loss"]) <= 1e-4
 
 
 def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_model_dir, arithmetic, oxrl, monkeypatch):
@@ -161,3 +169,18 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
                   f"run.output_dir={tmp_path / 'runs'}", "run.name=strict", "train.batch_size=2", "train.micro_batch_size=2")
     assert strict.returncode == 2
     assert f"{data}:2:" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
+    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=2", f"run.output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "sft-tiny" / "final" / "model.safetensors").is_file()
+
+
+def test_demo_teaches_the_answer_format(oxrl):
+    """What `make demo` runs after installing: the embedded default, end to end."""
+    result = oxrl("demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = next(line for line in result.stdout.splitlines() if "format accuracy" in line)
+    before, after = (float(x) for x in row.split("│")[2:4])
+    assert before < 0.1 and after > 0.9
