@@ -1,0 +1,25 @@
+"""CISPO: clipped importance-sampling weights, REINFORCE-style (MiniMax-M1, arXiv 2506.13585).
+
+Per token: -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A * logp_t. The weight is clipped and
+detached, never the token: unlike PPO, tokens outside the trust region still pass a gradient.
+"""
+
+import torch
+
+from oxrl_core.algs.aggregate import LossAgg, aggregate
+
+
+def cispo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B] one per sequence
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    *, clip_low: float, clip_high: float, loss_agg: LossAgg,
+    num_tokens: float, num_seqs: float, max_len: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    ratio = torch.exp(logprobs - old_logprobs)
+    weight = ratio.clamp(1 - clip_low, 1 + clip_high).detach()
+    per_token = -weight * advantages[:, None] * logprobs
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+    return loss, {"clip_frac_sum": (clipped * mask).sum().item()}

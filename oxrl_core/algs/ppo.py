@@ -1,0 +1,34 @@
+"""PPO with a value head: clipped surrogate, clipped value loss, entropy bonus.
+
+Schulman et al. 2017 (arXiv 1707.06347); advantages from GAE (`advantages.gae`).
+"""
+
+import torch
+
+from oxrl_core.algs.aggregate import LossAgg, aggregate
+
+
+def ppo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B, T-1] per token, from GAE
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    values: torch.Tensor,  # [B, T-1] current critic
+    old_values: torch.Tensor,  # [B, T-1] critic when the advantages were computed
+    returns: torch.Tensor,  # [B, T-1] GAE returns (A + V_old)
+    entropy: torch.Tensor,  # [B, T-1] policy entropy at each position
+    *, clip_low: float, clip_high: float, value_clip: float, vf_coeff: float, entropy_coeff: float,
+    loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    ratio = torch.exp(logprobs - old_logprobs)
+    policy = -torch.minimum(ratio * advantages, ratio.clamp(1 - clip_low, 1 + clip_high) * advantages)
+    clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
+    per_token = policy + vf_coeff * value - entropy_coeff * entropy
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+    return loss, {
+        "clip_frac_sum": (clipped * mask).sum().item(),
+        "value_loss_sum": (value * mask).sum().item(),
+        "entropy_sum": (entropy * mask).sum().item(),
+    }

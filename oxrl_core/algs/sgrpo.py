@@ -1,0 +1,35 @@
+"""SGRPO, stable GRPO: PPO's clipped surrogate on group-relative advantages, plus an optional k3 KL term.
+
+GRPO: Shao et al. 2024, DeepSeekMath (arXiv 2402.03300). Deliberate deviations from the paper:
+asymmetric clipping (1 - clip_low, 1 + clip_high, as in DAPO, arXiv 2503.14476) and an
+explicit aggregation mode (the paper's is `seq-mean-token-mean`).
+"""
+
+import torch
+
+from oxrl_core.algs.aggregate import LossAgg, aggregate
+
+
+def sgrpo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B] one per sequence
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
+    *, clip_low: float, clip_high: float, kl_coeff: float, loss_agg: LossAgg,
+    num_tokens: float, num_seqs: float, max_len: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages[:, None]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    per_token = -surrogate
+    metrics = {}
+    if kl_coeff > 0:
+        log_ratio_ref = ref_logprobs - logprobs
+        k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
+        per_token = per_token + kl_coeff * k3
+        metrics["kl_ref"] = ((k3 * mask).sum() / mask.sum().clamp(min=1)).item()
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+    metrics["clip_frac_sum"] = (clipped * mask).sum().item()
+    return loss, metrics
