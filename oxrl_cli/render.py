@@ -20,6 +20,24 @@ def render_sl_summary(summary: dict, console: Console) -> None:
     console.print(table)
 
 
+def render_rl_summary(summary: dict, console: Console) -> None:
+    table = Table(title="oxrl train rl: done", show_header=False)
+    last = summary["history"][-1] if summary["history"] else {}
+    rows = [
+        ("steps", f"{summary['first_step'] - 1} -> {summary['history'][-1]['step'] if summary['history'] else summary['first_step'] - 1}"),
+        ("reward (last step)", _num(last.get("reward_mean"))),
+        ("eval accuracy (before -> after)", _pair(summary.get("accuracy_before"), summary.get("accuracy_after"))),
+        ("reward errors", str(summary.get("reward_errors", 0))),
+        ("stopped early", summary.get("stopped_early", "no")),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("model", summary["checkpoint"]),
+        ("mlflow run", summary["mlflow_run_id"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
 def render_demo(result: dict) -> None:
     console = Console()
     table = Table(title="oxrl demo: SFT of oxrl-tiny on synthetic arithmetic")

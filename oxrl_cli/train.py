@@ -42,15 +42,20 @@ def rl(
     alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo)."),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
+    strict: bool = typer.Option(False, "--strict", help="Make a bad prompt record fatal instead of skipped and counted."),
     dry_run: bool = DRY_RUN,
 ) -> None:
-    """Reinforcement learning with Ray, DeepSpeed and vLLM [not built yet; --dry-run validates a config]."""
-    resolved, _ = load_rl_config(config, _with_flags(overrides, alg, strict=False))
+    """Reinforcement learning: vLLM rollouts, verifiable rewards, DeepSpeed updates, all under Ray."""
+    from oxrl_cli.render import render_rl_summary
+    from oxrl_core.loops.rl import train_rl
+
+    resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
         typer.echo(dump_config(resolved), nl=False)
         return
-    Console(stderr=True).print("oxrl train rl: not built yet (tracked in issue #3); --dry-run validates a config")
-    raise typer.Exit(2)
+    console = Console()
+    render_rl_summary(train_rl(resolved, model_path, resume, console), console)
 
 
 def _with_flags(overrides: list[str] | None, alg: str | None, strict: bool) -> list[str]:

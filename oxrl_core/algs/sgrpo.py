@@ -28,7 +28,7 @@ def sgrpo_loss(
         log_ratio_ref = ref_logprobs - logprobs
         k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
         per_token = per_token + kl_coeff * k3
-        metrics["kl_ref"] = ((k3 * mask).sum() / mask.sum().clamp(min=1)).item()
+        metrics["kl_ref_sum"] = (k3 * mask).sum().item()
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     metrics["clip_frac_sum"] = (clipped * mask).sum().item()

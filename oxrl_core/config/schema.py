@@ -100,6 +100,9 @@ class RLTrain(TrainCommon):
     clip_high: Annotated[float, Field(ge=0)] = Field(0.28, description="Upper clip of the importance ratio: 1 + clip_high.")
     kl_coeff: Annotated[float, Field(ge=0)] = Field(0.0, description="Weight of the KL term to a frozen reference model; 0 loads none.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field("token-mean", description="How per-token losses become one number.")
+    adv_std_norm: Literal["group", "batch", "none"] = Field("group", description="Divide group-centred rewards by the group's std, the batch's, or nothing (Dr. GRPO).")
+    max_bad_steps: PositiveInt = Field(3, description="Stop (with a checkpoint) after this many consecutive steps skipped for NaN/Inf.")
+    eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Greedy accuracy on `data.val` every N steps (0: before and after training only).")
 
 
 class RolloutSection(Section):
@@ -110,13 +113,15 @@ class RolloutSection(Section):
     max_prompt_len: PositiveInt = Field(512, description="Prompts longer than this are skipped and counted.")
     engines: PositiveInt = Field(1, description="vLLM engines (Ray actors).")
     tensor_parallel_size: PositiveInt = Field(1, description="GPUs per vLLM engine.")
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take.")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (on CPU: share of RAM for its KV cache).")
     force_strict_on_policy: bool = Field(True, description="Refuse samples produced by an older policy version.")
+    mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` out of the loss.")
 
 
 class RewardSection(Section):
     func: str = Field("math", description="A shipped reward by name, or `module:function`.")
     kwargs: dict = Field({}, description="Keyword arguments for the reward function.")
+    on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised (the error is reported with the sample).")
 
 
 class SLConfig(Section):

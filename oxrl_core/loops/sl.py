@@ -8,7 +8,6 @@ the sampler state.
 
 import json
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,11 +15,11 @@ from rich.console import Console
 
 from oxrl_core.config.load import dump_config
 from oxrl_core.config.schema import SLConfig
-from oxrl_core.data.records import DataReport, load_sft_examples
+from oxrl_core.data.records import load_sft_examples
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
-from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import crash_report
+from oxrl_core.loops.run_folder import refuse_overwrite, report_data, resume_state
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.group import TrainGroup, ray_cluster
@@ -29,7 +28,7 @@ from oxrl_core.training.group import TrainGroup, ray_cluster
 def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) -> dict:
     run_dir = config.run.output_dir / config.run.name
     ds_dir = run_dir / "ds"
-    state = _resume_state(ds_dir) if resume else _refuse_overwrite(ds_dir)
+    state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
     config_yaml = dump_config(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
@@ -48,7 +47,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
     if config.data.val is not None:
         val_set, report = load_sft_examples(config.data.val, tokenizer, config.data.max_len, config.data.strict)
         reports.append(report)
-    _report_data(reports, run_dir, console)
+    report_data(reports, run_dir, console)
 
     sampler = MixedSampler([len(s) for s in train_sets], [s.ratio for s in config.data.train], config.train.seed)
     first_step = 1
@@ -90,10 +89,10 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                 per_rank_size = len(batch) // ranks
                 per_rank = [_micro_batches(batch[r * per_rank_size:(r + 1) * per_rank_size], train.micro_batch_size, pad_id)
                             for r in range(ranks)]
-                results = group.call("train_step", per_rank, num_tokens=num_tokens)
+                results = group.call("train_step", per_rank, alg="sft", loss_kwargs={"num_tokens": num_tokens})
                 elapsed = time.perf_counter() - t0
                 metrics = {
-                    "loss": sum(r["nll_sum"] for r in results) / num_tokens,
+                    "loss": sum(r["loss"] for r in results),
                     "grad_norm": results[0]["grad_norm"],
                     "lr": results[0]["lr"],
                     "tokens_per_s": sum(len(ex.input_ids) for ex in batch) / elapsed,
@@ -133,31 +132,3 @@ def _eval_batches(examples: list[SFTExample], ranks: int, size: int, pad_id: int
     filler = {**batches[0], "response_mask": torch.zeros_like(batches[0]["response_mask"])}
     batches += [filler] * (-len(batches) % ranks)
     return [batches[r::ranks] for r in range(ranks)]
-
-
-def _resume_state(ds_dir: Path) -> dict:
-    latest = ds_dir / "latest"
-    if not latest.is_file():
-        raise OxrlError(f"--resume: {ds_dir.parent} holds no checkpoint ({latest} is missing); run without --resume to start")
-    tag = latest.read_text().strip()
-    return {"tag": tag, **json.loads((ds_dir / tag / "oxrl_state.json").read_text())}
-
-
-def _refuse_overwrite(ds_dir: Path) -> dict:
-    if (ds_dir / "latest").is_file():
-        raise OxrlError(f"run.name: {ds_dir.parent} already holds a run; pass --resume to continue it or choose another run.name")
-    return {}
-
-
-def _report_data(reports: list[DataReport], run_dir: Path, console: Console) -> None:
-    """Print a line per skipped record (the first few) and keep them all in the run folder."""
-    problems = [p for r in reports for p in r.problems]
-    say = partial(console.print, soft_wrap=True, highlight=False, markup=False)  # paths and records print verbatim
-    for r in reports:
-        say(f"data {r.path}: {r.kept} of {r.total} records used, {len(r.problems)} skipped")
-    for p in problems[:10]:
-        say(f"  skipped {p}")
-    if len(problems) > 10:
-        say(f"  ... and {len(problems) - 10} more (all in skipped_records.txt)")
-    if problems:
-        (run_dir / "skipped_records.txt").write_text("".join(f"{p}\n" for p in problems))

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.algs.sft import sft_loss
-from oxrl_core.config.schema import SLConfig
+from oxrl_core.algs.registry import BATCH_LOSSES
+from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.training.logprobs import token_logprobs
 
 
-def deepspeed_config(config: SLConfig) -> dict:
+def deepspeed_config(config: SLConfig | RLConfig) -> dict:
     train, ds = config.train, config.deepspeed
     zero: dict = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
@@ -37,14 +37,14 @@ def deepspeed_config(config: SLConfig) -> dict:
     }
 
 
-def model_dtype(config: SLConfig) -> torch.dtype:
+def model_dtype(config: SLConfig | RLConfig) -> torch.dtype:
     if config.model.dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     return getattr(torch, config.model.dtype)
 
 
 class TrainEngine:
-    def __init__(self, config: SLConfig, model_path: str, rank: int, world_size: int, master_port: int, log_dir: Path):
+    def __init__(self, config: SLConfig | RLConfig, model_path: str, rank: int, world_size: int, master_port: int, log_dir: Path):
         _redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         # DeepSpeed reads these even for one process (otherwise it looks for MPI).
@@ -91,45 +91,78 @@ class TrainEngine:
             lr_scheduler=lambda opt: _scheduler(opt, train.lr_scheduler, train.warmup_steps, train.steps),
             config=ds_config,
         )
+        self.reference = None
+        if isinstance(config, RLConfig) and config.train.kl_coeff > 0:
+            # Frozen copy of the starting policy for the KL term; under ZeRO-3 it is sharded too.
+            reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=model_dtype(config),
+                                                             attn_implementation=config.model.attn_implementation,
+                                                             trust_remote_code=config.model.trust_remote_code).eval()
+            reference.requires_grad_(False)
+            if self.zero3:
+                reference = deepspeed.initialize(model=reference, config=ds_config)[0]
+            self.reference = reference.to(self.engine.device)
         torch.manual_seed(train.seed + rank)  # per-rank stream for dropout
 
     # -- training ---------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[dict], num_tokens: float) -> dict:
-        """One optimizer step over this rank's micro-batches; `num_tokens` counts the global batch's response tokens."""
+    def train_step(self, micro_batches: list[dict], alg: str, loss_kwargs: dict, temperature: float = 1.0) -> dict:
+        """One optimizer step over this rank's micro-batches with the loss of `alg`.
+
+        `loss_kwargs` carry the global batch's normalisers (tokens, sequences), so the
+        summed micro-batch losses are the loss of the whole batch.
+        """
         self.engine.train()
         lr = self.engine.get_lr()[0]  # the rate this step uses; the schedule advances in step()
-        nll_sum = tokens = 0.0
+        batch_loss = BATCH_LOSSES[alg]
         # DeepSpeed divides by grad_accum and averages over ranks; undo both so the
-        # gradient is that of (sum of all response-token NLL) / num_tokens.
+        # gradient is that of the global-batch loss.
         scale = self.engine.gradient_accumulation_steps() * self.engine.world_size
+        loss_sum, sums = 0.0, {}
         for batch in micro_batches:
-            logprobs = self._logprobs(batch)
-            loss, metrics = sft_loss(logprobs, batch["response_mask"].to(logprobs.device), num_tokens)
+            batch = {k: v.to(self.engine.device) for k, v in batch.items()}
+            logprobs, entropy = self._logprobs(batch, temperature, with_entropy=True)
+            loss, metrics = batch_loss(logprobs, batch, **loss_kwargs)
             self.engine.backward(loss * scale)
             self.engine.step()
-            nll_sum += metrics["nll_sum"]
-            tokens += metrics["tokens"]
+            loss_sum += loss.item()
+            metrics["entropy_sum"] = (entropy * batch["response_mask"]).sum().item()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
-        return {"nll_sum": nll_sum, "tokens": tokens, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "lr": lr}
+        return {"loss": loss_sum, **sums, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
 
     @torch.no_grad()
     def eval_nll(self, micro_batches: list[dict]) -> dict:
         self.engine.eval()
         nll_sum = tokens = 0.0
         for batch in micro_batches:
-            logprobs = self._logprobs(batch)
-            mask = batch["response_mask"].to(logprobs.device)
-            nll_sum += -(logprobs * mask).sum().item()
-            tokens += mask.sum().item()
+            batch = {k: v.to(self.engine.device) for k, v in batch.items()}
+            logprobs, _ = self._logprobs(batch)
+            nll_sum += -(logprobs * batch["response_mask"]).sum().item()
+            tokens += batch["response_mask"].sum().item()
         return {"nll_sum": nll_sum, "tokens": tokens}
 
-    def _logprobs(self, batch: dict) -> torch.Tensor:
-        device = self.engine.device
-        input_ids = batch["input_ids"].to(device)
-        logits = self.engine(input_ids=input_ids, attention_mask=batch["attention_mask"].to(device), use_cache=False).logits
-        return token_logprobs(logits, input_ids)
+    @torch.no_grad()
+    def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
+        """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
+        self.engine.eval()
+        model = self.reference if reference else self.engine
+        return [self._logprobs({k: v.to(self.engine.device) for k, v in b.items()}, temperature, model=model)[0].cpu()
+                for b in micro_batches]
+
+    def _logprobs(self, batch: dict, temperature: float = 1.0, with_entropy: bool = False, model=None):
+        """[B, T-1] logprobs of the batch's tokens (and the policy's entropy at each position, as a metric)."""
+        model = model or self.engine
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        if temperature != 1.0:
+            logits = logits / temperature  # the distribution vLLM sampled from
+        logprobs = token_logprobs(logits, batch["input_ids"])
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+                entropy = -(log_p.exp() * log_p).sum(-1)
+        return logprobs, entropy
 
     # -- checkpoints ------------------------------------------------------------
 
@@ -145,27 +178,34 @@ class TrainEngine:
         _set_rng_state(torch.load(ds_dir / tag / f"rng_rank{self.rank}.pt", weights_only=False))
 
     def save_hf(self, out_dir: Path, tokenizer_dir: str) -> None:
-        """A Hugging Face folder (safetensors + tokenizer); with LoRA, the adapter only.
-
-        Under ZeRO-3 each rank holds a shard of every parameter: gather them one
-        at a time (every rank must join) and let rank 0 write.
-        """
-        import deepspeed
-
-        module = self.engine.module
-        state = {}
-        for name, param in module.named_parameters():
-            if self.config.lora.enabled and not param.requires_grad:
-                continue  # the adapter is the trainable part; the base is unchanged
-            with deepspeed.zero.GatheredParameters([param], enabled=self.zero3):
-                if self.rank == 0:
-                    state[name] = param.detach().to("cpu", copy=True)
+        """A Hugging Face folder (safetensors + tokenizer); with LoRA, the adapter only."""
+        state = self._gathered(trainable_only=self.config.lora.enabled)  # with LoRA the base is unchanged
         if self.rank == 0:
             from transformers import AutoTokenizer
 
-            module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+            self.engine.module.save_pretrained(out_dir, state_dict=dict(state), safe_serialization=True)
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full weights under their Hugging Face names, for vLLM's `load_weights` (rank 0; others: [])."""
+        if self.config.lora.enabled:
+            raise NotImplementedError("weight refresh of LoRA runs")
+        return self._gathered(trainable_only=False)
+
+    def _gathered(self, trainable_only: bool) -> list[tuple[str, torch.Tensor]]:
+        """(name, full tensor) on rank 0. Under ZeRO-3 each rank holds a shard of every
+        parameter: gather them one at a time (every rank must join) and copy to CPU."""
+        import deepspeed
+
+        pairs = []
+        for name, param in self.engine.module.named_parameters():
+            if trainable_only and not param.requires_grad:
+                continue
+            with deepspeed.zero.GatheredParameters([param], enabled=self.zero3):
+                if self.rank == 0:
+                    pairs.append((name, param.detach().to("cpu", copy=True)))
+        return pairs
 
 
 def _scheduler(optimizer, name: str, warmup_steps: int, steps: int):

@@ -1,0 +1,302 @@
+"""The RL loop, top to bottom: rollout -> reward -> advantages -> train -> refresh.
+
+Ray holds N training actors (one DeepSpeed rank each, `training/group.py`) and
+M rollout actors (one vLLM engine each, `rollout/engine.py`). The phases run
+one after the other; after every update the new weights are streamed into
+vLLM and the policy version goes up by one, and every rollout records the
+version that produced it.
+"""
+
+import json
+import time
+from contextlib import contextmanager
+
+import ray
+import torch
+from rich.console import Console
+
+from oxrl_core.algs.advantages import group_advantages
+from oxrl_core.checks.stability import check_no_padding_holes, check_policy_version, non_finite
+from oxrl_core.config.load import dump_config
+from oxrl_core.config.schema import RLConfig
+from oxrl_core.data.records import PromptExample, load_prompts
+from oxrl_core.data.sampler import MixedSampler
+from oxrl_core.data.sft import SFTExample, collate_sft
+from oxrl_core.errors import OxrlError
+from oxrl_core.loops.crash import crash_report
+from oxrl_core.loops.run_folder import refuse_overwrite, report_data, resume_state
+from oxrl_core.rewards import resolve_reward
+from oxrl_core.rollout.engine import Rollout, RolloutEngine
+from oxrl_core.tracking.console import training_progress
+from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
+from oxrl_core.training.engine import model_dtype
+from oxrl_core.training.group import TrainGroup, ray_cluster
+
+BUILT_RL_ALGS = ("sgrpo", "cispo")
+
+
+def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
+    if config.train.alg not in BUILT_RL_ALGS:
+        raise OxrlError(f"train.alg={config.train.alg!r}: not built yet; built: {', '.join(BUILT_RL_ALGS)}")
+    if config.lora.enabled:
+        raise OxrlError("lora.enabled=true: LoRA weight refresh for RL is not built yet; use full fine-tuning")
+    train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
+    run_dir = config.run.output_dir / config.run.name
+    ds_dir = run_dir / "ds"
+    state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
+    config_yaml = dump_config(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+
+    # Prompts and the reward are checked before any engine starts.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompt_sets, reports = [], []
+    for source in config.data.train:
+        prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+        prompt_sets.append(prompts)
+        reports.append(report)
+    val_prompts = []
+    if config.data.val is not None:
+        val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+        reports.append(report)
+    report_data(reports, run_dir, console)
+    reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
+
+    prompts_per_step = train.batch_size // rollout_cfg.n_samples
+    sampler = MixedSampler([len(s) for s in prompt_sets], [s.ratio for s in config.data.train], train.seed)
+    first_step = 1
+    if state:
+        sampler.load_state_dict(state["sampler"])
+        first_step = state["step"] + 1
+    policy_version = state.get("policy_version", 0)
+    log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,
+                    flatten(config.model_dump(mode="json")), run_id=state.get("mlflow_run_id"))
+    summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id,
+               "history": []}
+    reward_errors = open(run_dir / "reward_errors.jsonl", "a")
+
+    with crash_report(run_dir, config_yaml), log, ray_cluster():
+        group = TrainGroup(config, model_path, run_dir / "logs")
+        engines = _start_rollout_engines(config, model_path)
+
+        def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
+            """Prompts dealt round-robin to the engines; each prompt has its own seed, so a resumed run resamples alike."""
+            shares = [list(range(e, len(prompts), len(engines))) for e in range(len(engines))]
+            futures = [engine.generate.remote([prompts[i].prompt_ids for i in share], n, temperature, rollout_cfg.top_p,
+                                              rollout_cfg.max_tokens, [seed_base * 100_003 + i for i in share])
+                       for engine, share in zip(engines, shares) if share]
+            rollouts = []
+            for share, result in zip([s for s in shares if s], ray.get(futures)):
+                for r in result:
+                    r.group = share[r.group]
+                    rollouts.append(r)
+            return sorted(rollouts, key=lambda r: r.group)
+
+        def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
+            for r in rollouts:
+                response = tokenizer.decode(r.response_ids, skip_special_tokens=True)
+                try:
+                    r.reward = float(reward_fn(response, prompts[r.group].record))
+                except Exception as e:  # a user's reward must not end the run: report it with the sample
+                    r.reward = config.reward.on_error
+                    reward_errors.write(json.dumps({"step": step, "error": repr(e), "response": response,
+                                                    "sample": prompts[r.group].record}, default=str) + "\n")
+                    summary["reward_errors"] = summary.get("reward_errors", 0) + 1
+
+        def evaluate() -> float:
+            """Greedy accuracy on the validation prompts: reward >= 1 counts as correct."""
+            rollouts = generate(val_prompts, 1, 0.0, seed_base=0)
+            score(rollouts, val_prompts)
+            return sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
+
+        def refresh() -> None:
+            nonlocal policy_version
+            policy_version += 1
+            weights = group.call("named_weights")[0]  # gathered on rank 0
+            ray.get([e.load_weights.remote(weights, policy_version) for e in engines])
+
+        def save(step: int, final: bool) -> None:
+            tag = f"step-{step}"
+            group.call("save_checkpoint", ds_dir=ds_dir, tag=tag)
+            (ds_dir / tag / "oxrl_state.json").write_text(json.dumps(
+                {"step": step, "sampler": sampler.state_dict(), "policy_version": policy_version, "mlflow_run_id": log.run_id}))
+            hf_dir = run_dir / ("final" if final else f"checkpoint-{step:06d}")
+            group.call("save_hf", out_dir=hf_dir, tokenizer_dir=model_path)
+            (ds_dir / "latest").write_text(tag)  # written last: 'latest' always names a complete checkpoint
+            summary["checkpoint"] = str(hf_dir)
+
+        if state:  # the engines started from the base weights: bring them to the checkpoint's
+            group.call("load_checkpoint", ds_dir=ds_dir, tag=state["tag"])
+            policy_version -= 1
+            refresh()
+        step = first_step - 1
+        if val_prompts:
+            summary["accuracy_before"] = evaluate()
+            log.log({"eval_accuracy": summary["accuracy_before"]}, step)
+        start, bad_steps = time.perf_counter(), 0
+        with training_progress(console) as progress:
+            bar = progress.add_task(train.alg, total=train.steps, completed=step, loss=float("nan"), tok_s=0.0)
+            for step in range(first_step, train.steps + 1):
+                seconds: dict[str, float] = {}
+                # 1. rollout
+                prompts = [prompt_sets[src][i] for src, i in sampler.next_batch(prompts_per_step)]
+                with _timed(seconds, "generate"):
+                    rollouts = generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, seed_base=train.seed * 1_000_003 + step)
+                # 2. reward
+                with _timed(seconds, "reward"):
+                    score(rollouts, prompts)
+                # 3. advantages
+                rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+                advantages = group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)
+                # 4. train, on the samples of exactly this policy version
+                if rollout_cfg.force_strict_on_policy:
+                    check_policy_version([r.policy_version for r in rollouts], policy_version)
+                with _timed(seconds, "train"):
+                    per_rank = _rl_micro_batches(rollouts, advantages, ranks, train.micro_batch_size, pad_id,
+                                                 rollout_cfg.mask_truncated)
+                    old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
+                    gap = _sampler_trainer_gap(per_rank, old)
+                    for rank_batches, rank_old in zip(per_rank, old):
+                        for batch, old_logprobs in zip(rank_batches, rank_old):
+                            batch["old_logprobs"] = old_logprobs
+                    if train.kl_coeff > 0:
+                        ref = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True)
+                        for rank_batches, rank_ref in zip(per_rank, ref):
+                            for batch, ref_logprobs in zip(rank_batches, rank_ref):
+                                batch["ref_logprobs"] = ref_logprobs
+                    bad = non_finite(rewards=rewards, advantages=advantages, trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+                    metrics = _rollout_metrics(rollouts, rewards) | gap
+                    if bad:
+                        bad_steps += 1
+                        console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({bad_steps} in a row)")
+                        metrics["skipped_steps"] = bad_steps
+                    else:
+                        bad_steps = 0
+                        num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
+                        results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
+                                             loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
+                        metrics |= _train_metrics(results, num_tokens)
+                        if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
+                            raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
+                                               f"the last checkpoint are not trusted and none is written")
+                # 5. refresh
+                if not bad:
+                    with _timed(seconds, "refresh"):
+                        refresh()
+                metrics |= _phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
+                metrics["policy_version"] = policy_version
+                if val_prompts and train.eval_every and step % train.eval_every == 0 and step != train.steps:
+                    metrics["eval_accuracy"] = evaluate()
+                log.log(metrics, step)
+                summary["history"].append({"step": step, **metrics})
+                progress.update(bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics["generate_tokens_per_s"])
+                if bad_steps >= train.max_bad_steps:
+                    console.print(f"[red]stopping:[/] {bad_steps} consecutive steps had non-finite values; checkpoint of the last good weights follows")
+                    summary["stopped_early"] = f"{bad_steps} consecutive non-finite steps"
+                    break
+                if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
+                    save(step, final=False)
+        if val_prompts:
+            summary["accuracy_after"] = evaluate()
+            log.log({"eval_accuracy": summary["accuracy_after"]}, step)
+        save(step, final=True)
+        group.shutdown()
+    reward_errors.close()
+    summary["wall_time_s"] = time.perf_counter() - start
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _start_rollout_engines(config: RLConfig, model_path: str) -> list:
+    r = config.rollout
+    dtype = str(model_dtype(config)).removeprefix("torch.")
+    if torch.cuda.is_available():
+        actor = ray.remote(num_gpus=r.tensor_parallel_size, num_cpus=1)(RolloutEngine)
+    else:
+        actor = ray.remote(num_cpus=0.01)(RolloutEngine)
+    return [actor.remote(model_path, dtype, r.max_prompt_len + r.max_tokens, r.tensor_parallel_size,
+                         r.gpu_memory_utilization, config.train.seed + i) for i in range(r.engines)]
+
+
+def _rl_micro_batches(rollouts: list[Rollout], advantages: torch.Tensor, ranks: int, size: int, pad_id: int,
+                      mask_truncated: bool) -> list[list[dict]]:
+    """Samples cut into per-rank micro-batches: tokens, masks, advantages [B] and the sampler's logprobs placed
+    on their prediction-aligned positions (the token at index len(prompt) + j is predicted at len(prompt) + j - 1)."""
+    per_rank = len(rollouts) // ranks
+    batches = []
+    for r in range(ranks):
+        rank_batches = []
+        for start in range(r * per_rank, (r + 1) * per_rank, size):
+            chunk = rollouts[start:start + size]
+            examples = []
+            for x in chunk:
+                keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
+                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep] * len(x.response_ids)))
+            batch = collate_sft(examples, pad_id)
+            check_no_padding_holes(batch["response_mask"])
+            sampler_logprobs = torch.zeros_like(batch["response_mask"])
+            for b, x in enumerate(chunk):
+                sampler_logprobs[b, len(x.prompt_ids) - 1:len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(x.sampler_logprobs)
+            batch["sampler_logprobs"] = sampler_logprobs
+            batch["advantages"] = advantages[start:start + size].clone()
+            rank_batches.append(batch)
+        batches.append(rank_batches)
+    return batches
+
+
+def _sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Tensor]]) -> dict:
+    """How far vLLM's logprobs are from the trainer's for the same tokens: mean |delta| and a k3 KL estimate."""
+    abs_sum = k3_sum = n = 0.0
+    for rank_batches, rank_logprobs in zip(per_rank, trainer):
+        for batch, logprobs in zip(rank_batches, rank_logprobs):
+            mask = batch["response_mask"] > 0
+            delta = (batch["sampler_logprobs"] - logprobs)[mask]  # log(q_sampler / p_trainer)
+            abs_sum += delta.abs().sum().item()
+            k3_sum += (torch.exp(-delta) + delta - 1).sum().item()  # KL(sampler || trainer), Schulman's k3
+            n += mask.sum().item()
+    return {"logprob_gap_abs": abs_sum / max(n, 1), "logprob_gap_kl": k3_sum / max(n, 1)}
+
+
+def _loss_kwargs(config: RLConfig, num_tokens: float, num_seqs: int) -> dict:
+    train = config.train
+    kwargs = {"clip_low": train.clip_low, "clip_high": train.clip_high, "loss_agg": train.loss_agg,
+              "num_tokens": num_tokens, "num_seqs": float(num_seqs), "max_len": float(config.rollout.max_tokens)}
+    if train.alg == "sgrpo":
+        kwargs["kl_coeff"] = train.kl_coeff
+    return kwargs
+
+
+def _rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
+    lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
+    return {
+        "reward_mean": rewards.mean().item(),
+        "reward_std": rewards.std(unbiased=False).item(),
+        "accuracy": (rewards >= 1.0).float().mean().item(),
+        "response_length": lengths.mean().item(),
+        "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+    }
+
+
+def _train_metrics(results: list[dict], num_tokens: float) -> dict:
+    metrics = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
+               "clip_frac": sum(r["clip_frac_sum"] for r in results) / num_tokens,
+               "entropy": sum(r["entropy_sum"] for r in results) / num_tokens}
+    if "kl_ref_sum" in results[0]:
+        metrics["kl_ref"] = sum(r["kl_ref_sum"] for r in results) / num_tokens
+    return metrics
+
+
+@contextmanager
+def _timed(seconds: dict, phase: str):
+    start = time.perf_counter()
+    yield
+    seconds[phase] = time.perf_counter() - start
+
+
+def _phase_metrics(seconds: dict, generated_tokens: int) -> dict:
+    out = {f"time_{phase}_s": s for phase, s in seconds.items()}
+    out["generate_tokens_per_s"] = generated_tokens / max(seconds["generate"], 1e-9)
+    return out
