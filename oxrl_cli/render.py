@@ -40,14 +40,19 @@ def render_rl_summary(summary: dict, console: Console) -> None:
 
 def render_demo(result: dict) -> None:
     console = Console()
-    table = Table(title="oxrl demo: SFT of oxrl-tiny on synthetic arithmetic")
-    table.add_column("")
-    table.add_column("before SFT", justify="right")
-    table.add_column("after SFT", justify="right")
-    for key in ("eval_loss", "format_accuracy", "answer_accuracy"):
-        table.add_row(key.replace("_", " "), _num(result["before"][key]), _num(result["after"][key]))
+    table = Table(title="oxrl demo: oxrl-tiny on synthetic arithmetic", show_header=False)
+    rows = [
+        ("SFT", f"{result['sft_steps']} steps, eval loss {result['sft_eval_loss']:.4f}"),
+        ("CISPO", f"{result['rl_steps']} steps"),
+        ("greedy accuracy after SFT", _num(result["accuracy_after_sft"])),
+        ("greedy accuracy after RL", _num(result["accuracy_after_rl"])),
+        ("wall time", f"{result['wall_time_s']:.0f} s"),
+        ("model", result["checkpoint"]),
+        ("curves", result["plot"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
     console.print(table)
-    console.print(f"{result['steps']} steps in {result['wall_time_s']:.0f} s; model at {result['checkpoint']}")
 
 
 def _num(x) -> str:

@@ -1,64 +1,78 @@
-"""`oxrl demo`, the embedded default: tiny model -> SFT on synthetic arithmetic -> before/after.
+"""`oxrl demo`, the embedded default: tiny model -> SFT -> CISPO with a verifiable reward -> evaluation.
 
-Accuracy is measured with greedy decoding in transformers on held-out problems:
-the format is `<answer>N</answer>`, and the answer must equal N exactly.
+On seeded synthetic arithmetic ("What is 7 + 12?" -> "<answer>19</answer>"): SFT teaches
+the format, RL raises the share of right answers. Accuracy is greedy decoding with
+vLLM on held-out problems, scored by the math reward. A PNG of the RL curves is
+written to the RL run folder.
 """
 
 import os
-import re
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
-from oxrl_core.config import load_sl_config
-from oxrl_core.data.records import load_sft_examples
-from oxrl_core.data.sft import collate_sft
+from oxrl_core.config import load_rl_config, load_sl_config
+from oxrl_core.loops.rl import train_rl
 from oxrl_core.loops.sl import train_sl
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
-from oxrl_core.training.logprobs import token_logprobs
 
-DEMO_CONFIG = Path(__file__).with_name("demo_sft.yaml")
-ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+SFT_CONFIG = Path(__file__).with_name("demo_sft.yaml")
+RL_CONFIG = Path(__file__).with_name("demo_rl.yaml")
+MAX_OPERAND = 9
 
 
 def run_demo(console: Console) -> dict:
-    data_dir = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic"
-    train_file = write_jsonl(sft_records(arithmetic_problems(4000, seed=0)), data_dir / "sft_train.jsonl")
-    val_file = write_jsonl(sft_records(arithmetic_problems(200, seed=1)), data_dir / "sft_val.jsonl")
-    test_problems = arithmetic_problems(200, seed=2)
-    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
-    config, model_path = load_sl_config(DEMO_CONFIG, [f"data.train=[{{path: {train_file}}}]", f"data.val={val_file}", f"run.name={run_name}"])
-
-    start = time.perf_counter()
-    before = evaluate(model_path, val_file, test_problems)
-    console.print(f"before SFT: eval loss {before['eval_loss']:.3f}, answer accuracy {before['answer_accuracy']:.3f}")
-    summary = train_sl(config, model_path, resume=False, console=console)
-    after = evaluate(summary["checkpoint"], val_file, test_problems)
-    return {"before": before, "after": after, "steps": config.train.steps,
-            "wall_time_s": time.perf_counter() - start, "checkpoint": summary["checkpoint"]}
-
-
-@torch.no_grad()
-def evaluate(model_dir: str, val_file: Path, problems: list[dict]) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    examples, _ = load_sft_examples(val_file, tokenizer, max_len=128, strict=True)
-    batch = collate_sft(examples, tokenizer.pad_token_id)
-    logprobs = token_logprobs(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"])
-    eval_loss = (-(logprobs * batch["response_mask"]).sum() / batch["response_mask"].sum()).item()
-
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True, tokenize=False)
-               for p in problems]
-    inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    out = model.generate(**inputs, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    replies = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    matches = [ANSWER.search(r) for r in replies]
-    return {
-        "eval_loss": eval_loss,
-        "format_accuracy": sum(m is not None for m in matches) / len(problems),
-        "answer_accuracy": sum(m is not None and m.group(1) == p["answer"] for m, p in zip(matches, problems)) / len(problems),
+    data = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic"
+    files = {
+        "sft_train": write_jsonl(sft_records(arithmetic_problems(4000, seed=0, max_operand=MAX_OPERAND)), data / "sft_train.jsonl"),
+        "sft_val": write_jsonl(sft_records(arithmetic_problems(200, seed=1, max_operand=MAX_OPERAND)), data / "sft_val.jsonl"),
+        "rl_train": write_jsonl(arithmetic_problems(2000, seed=2, max_operand=MAX_OPERAND), data / "rl_train.jsonl"),
+        "rl_val": write_jsonl(arithmetic_problems(200, seed=3, max_operand=MAX_OPERAND), data / "rl_val.jsonl"),
     }
+    name = time.strftime("demo-%Y%m%d-%H%M%S")
+    start = time.perf_counter()
+
+    console.rule("1/2 SFT: learn the answer format")
+    sft_config, model_path = load_sl_config(SFT_CONFIG, [
+        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}-sft"])
+    sft = train_sl(sft_config, model_path, resume=False, console=console)
+
+    console.rule("2/2 CISPO: reward right answers")
+    rl_config, sft_model = load_rl_config(RL_CONFIG, [
+        f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
+        f"data.val={files['rl_val']}", f"run.name={name}-rl"])
+    rl = train_rl(rl_config, sft_model, resume=False, console=console)
+    plot = plot_curves(rl["history"], Path(rl["run_dir"]) / "curves.png")
+    return {
+        "sft_eval_loss": sft["eval_loss"], "accuracy_after_sft": rl["accuracy_before"], "accuracy_after_rl": rl["accuracy_after"],
+        "sft_steps": sft_config.train.steps, "rl_steps": rl_config.train.steps,
+        "wall_time_s": time.perf_counter() - start, "checkpoint": rl["checkpoint"], "plot": str(plot),
+    }
+
+
+def plot_curves(history: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for ax, key, title in zip(axes, ("reward_mean", "accuracy", "response_length"),
+                              ("mean reward", "sample accuracy", "response length (tokens)")):
+        values = [h[key] for h in history]
+        ax.plot(steps, values, alpha=0.35)
+        window = max(1, len(values) // 20)  # a moving average shows the trend through sampling noise
+        smooth = [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        ax.plot(steps, smooth)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    evals = [(h["step"], h["eval_accuracy"]) for h in history if "eval_accuracy" in h]
+    if evals:
+        axes[1].plot(*zip(*evals), "o-", label="greedy eval accuracy")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

