@@ -26,7 +26,8 @@ def render_rl_summary(summary: dict, console: Console) -> None:
     rows = [
         ("steps", f"{summary['first_step'] - 1} -> {summary['history'][-1]['step'] if summary['history'] else summary['first_step'] - 1}"),
         ("reward (last step)", _num(last.get("reward_mean"))),
-        ("eval accuracy (before -> after)", _pair(summary.get("accuracy_before"), summary.get("accuracy_after"))),
+        ("eval accuracy, sampled (before -> after)", _pair(*(summary.get(k, {}).get("eval_accuracy") for k in ("eval_before", "eval_after")))),
+        ("eval accuracy, greedy (before -> after)", _pair(*(summary.get(k, {}).get("eval_accuracy_greedy") for k in ("eval_before", "eval_after")))),
         ("reward errors", str(summary.get("reward_errors", 0))),
         ("stopped early", summary.get("stopped_early", "no")),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
@@ -44,8 +45,10 @@ def render_demo(result: dict) -> None:
     rows = [
         ("SFT", f"{result['sft_steps']} steps, eval loss {result['sft_eval_loss']:.4f}"),
         ("CISPO", f"{result['rl_steps']} steps"),
-        ("greedy accuracy after SFT", _num(result["accuracy_after_sft"])),
-        ("greedy accuracy after RL", _num(result["accuracy_after_rl"])),
+        ("accuracy after SFT (sampled, T=1)", _num(result["after_sft"]["eval_accuracy"])),
+        ("accuracy after RL (sampled, T=1)", _num(result["after_rl"]["eval_accuracy"])),
+        ("accuracy after SFT (greedy)", _num(result["after_sft"]["eval_accuracy_greedy"])),
+        ("accuracy after RL (greedy)", _num(result["after_rl"]["eval_accuracy_greedy"])),
         ("wall time", f"{result['wall_time_s']:.0f} s"),
     ]
     for key, value in rows:

@@ -2,7 +2,8 @@
 
 On seeded synthetic arithmetic ("What is 7 + 12?" -> "<answer>19</answer>"): SFT teaches
 the format, RL raises the share of right answers. Accuracy is greedy decoding with
-vLLM on held-out problems, scored by the math reward. A PNG of the RL curves is
+vLLM on held-out problems, scored by the math reward: sampled at the training
+temperature (pass@1 from 8 samples each) and greedy. A PNG of the RL curves is
 written to the RL run folder.
 """
 
@@ -43,15 +44,18 @@ def run_demo(console: Console) -> dict:
         f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
         f"data.val={files['rl_val']}", f"run.name={name}-rl"])
     rl = train_rl(rl_config, sft_model, resume=False, console=console)
-    plot = plot_curves(rl["history"], Path(rl["run_dir"]) / "curves.png")
+    evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
+    evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
+    plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")
     return {
-        "sft_eval_loss": sft["eval_loss"], "accuracy_after_sft": rl["accuracy_before"], "accuracy_after_rl": rl["accuracy_after"],
+        "sft_eval_loss": sft["eval_loss"], "after_sft": rl["eval_before"], "after_rl": rl["eval_after"],
         "sft_steps": sft_config.train.steps, "rl_steps": rl_config.train.steps,
         "wall_time_s": time.perf_counter() - start, "checkpoint": rl["checkpoint"], "plot": str(plot),
     }
 
 
-def plot_curves(history: list[dict], path: Path) -> Path:
+def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:
+    """Reward, accuracy (with held-out `evals` as (step, accuracy)) and response length per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,10 +72,8 @@ def plot_curves(history: list[dict], path: Path) -> Path:
         ax.plot(steps, smooth)
         ax.set_title(title)
         ax.set_xlabel("step")
-    evals = [(h["step"], h["eval_accuracy"]) for h in history if "eval_accuracy" in h]
-    if evals:
-        axes[1].plot(*zip(*evals), "o-", label="greedy eval accuracy")
-        axes[1].legend()
+    axes[1].plot(*zip(*evals), "o-", label="held-out accuracy")
+    axes[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

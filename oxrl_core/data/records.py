@@ -1,17 +1,21 @@
 """Reading dataset files record by record, with every problem tied to its file and line."""
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from oxrl_core.data.sft import SFTExample, sft_messages, tokenize_sft
+from oxrl_core.data.sft import SFTExample, chat_template_ids, tokenize_sft
 from oxrl_core.errors import OxrlError
+
+ROLES = ("system", "user", "assistant", "tool")
+EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
 @dataclass
 class DataProblem:
     path: str
-    line: int  # 1-based line (JSONL) or row (parquet)
+    line: int  # 1-based line (JSON lines) or row (parquet)
     reason: str
 
     def __str__(self) -> str:
@@ -21,24 +25,29 @@ class DataProblem:
 @dataclass
 class DataReport:
     path: str
-    total: int
+    total: int  # records and unreadable lines; blank lines do not count
     kept: int
-    problems: list[DataProblem] = field(default_factory=list)
+    problems: list[DataProblem]
 
 
 def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[DataProblem]]:
     """(line, record) pairs of a .jsonl/.json (JSON lines) or .parquet file, and the lines that are not records."""
     path = Path(path)
+    if path.suffix not in EXTENSIONS:
+        raise OxrlError(f"{path}: unsupported data file type {path.suffix!r}; allowed: {', '.join(EXTENSIONS)}")
     if not path.is_file():
-        raise OxrlError(f"{path}: no such file")
+        raise OxrlError(f"{path}: no such data file")
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return [(row, record) for row, record in enumerate(pq.read_table(path).to_pylist(), start=1)], []
-    if path.suffix not in (".jsonl", ".json"):
-        raise OxrlError(f"{path}: unsupported file type {path.suffix!r}; allowed: .jsonl, .json, .parquet")
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except pa.ArrowException as e:
+            raise OxrlError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        return list(enumerate(rows, start=1)), []
     records, problems = [], []
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:  # bytes: json.loads decodes each line, so one bad byte spoils only its line
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -47,6 +56,9 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[DataProblem]]
             except json.JSONDecodeError as e:
                 problems.append(DataProblem(str(path), number, f"malformed JSON ({e.msg} at column {e.colno})"))
                 continue
+            except UnicodeDecodeError:
+                problems.append(DataProblem(str(path), number, "not UTF-8 text"))
+                continue
             if not isinstance(record, dict):
                 problems.append(DataProblem(str(path), number, f"expected a JSON object, got {type(record).__name__}"))
                 continue
@@ -54,8 +66,53 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[DataProblem]]
     return records, problems
 
 
+def sft_messages(record: dict) -> list[dict]:
+    """A TRL-style SFT record as a conversation; ValueError(reason) when it is not one.
+
+    Accepted: {"messages": [...]}, or {"prompt": str | [...], "completion": str | [...]}
+    where a string prompt is one user message and a string completion one
+    assistant message. Every assistant message is trained on, including any
+    inside a conversational prompt.
+    """
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}")
+    elif "prompt" in record or "completion" in record:
+        for name in ("prompt", "completion"):
+            if name not in record:
+                raise ValueError(f"missing field {name!r} (an SFT record needs 'messages', or 'prompt' and 'completion')")
+        completion = record["completion"]
+        if isinstance(completion, str) and not completion.strip():
+            raise ValueError("empty completion")
+        messages = _as_turns(record["prompt"], "user", "prompt") + _as_turns(completion, "assistant", "completion")
+    else:
+        raise ValueError(f"no 'messages' or 'prompt'/'completion' fields (found: {', '.join(sorted(record)) or 'none'})")
+    check_messages(messages)
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+        raise ValueError("empty response: no assistant message with content")
+    return messages
+
+
+def check_messages(messages: list) -> None:
+    """ValueError unless every message is {role, content} with a known role and string content."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string}}, got {m!r:.80}")
+
+
+def _as_turns(value, role: str, name: str) -> list:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list):
+        return value
+    raise ValueError(f"field {name!r} must be a string or a list of messages, got {type(value).__name__}")
+
+
 def load_sft_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tuple[list[SFTExample], DataReport]:
     """Tokenized SFT examples of a file; bad records are skipped and reported (fatal when `strict`)."""
+    if not tokenizer.chat_template:
+        raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; SFT records ({path}) are rendered with it")
     return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len), strict, "SFT")
 
 
@@ -69,13 +126,14 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
     """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt."""
 
     def convert(record: dict) -> PromptExample:
-        messages = record.get("messages", record.get("prompt"))
-        if messages is None:
+        name = "messages" if "messages" in record else "prompt"
+        if name not in record:
             raise ValueError("missing field 'prompt' (an RL record needs 'prompt' or 'messages', plus what its reward reads)")
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        messages = _as_turns(record[name], "user", name)
+        if not messages:
+            raise ValueError(f"field {name!r} is an empty list")
+        check_messages(messages)
+        ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
         if len(ids) > max_prompt_len:
             raise ValueError(f"prompt is {len(ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
         return PromptExample(ids, record)
@@ -83,7 +141,7 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
     return load_examples(path, convert, strict, "prompt")
 
 
-def load_examples(path: Path, convert, strict: bool, kind: str) -> tuple[list, DataReport]:
+def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, kind: str) -> tuple[list, DataReport]:
     """`convert` every record of a file; a ValueError becomes a problem tied to the record's line."""
     records, problems = read_records(path)
     total = len(records) + len(problems)
@@ -97,5 +155,7 @@ def load_examples(path: Path, convert, strict: bool, kind: str) -> tuple[list, D
     if strict and problems:
         raise OxrlError(f"{problems[0]} (--strict makes bad records fatal; {len(problems)} bad in all)")
     if not examples:
-        raise OxrlError(f"{path}: no usable {kind} record ({len(problems)} bad; first: {problems[0] if problems else 'file is empty'})")
+        if not problems:
+            raise OxrlError(f"{path}: no records; the file is empty")
+        raise OxrlError(f"{path}: no usable {kind} record; all {len(problems)} are bad, the first: {problems[0]}")
     return examples, DataReport(str(path), total, len(examples), problems)

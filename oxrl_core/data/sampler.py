@@ -8,8 +8,12 @@ continues with exactly the batches the uninterrupted run would have seen.
 
 import numpy as np
 
+from oxrl_core.errors import OxrlError
+
 
 class MixedSampler:
+    """Batches of (source index, example index) from sources of `sizes` examples, mixed by `ratios`."""
+
     def __init__(self, sizes: list[int], ratios: list[float], seed: int):
         self.sizes, self.seed = sizes, seed
         self.probs = np.asarray(ratios, dtype=np.float64) / sum(ratios)
@@ -36,7 +40,11 @@ class MixedSampler:
         return cached[1]
 
     def state_dict(self) -> dict:
+        """JSON-serialisable: the next step and how many examples each source has given."""
         return {"step": self.step, "consumed": list(self.consumed)}
 
     def load_state_dict(self, state: dict) -> None:
+        if len(state["consumed"]) != len(self.sizes):
+            raise OxrlError(f"data.train: the resumed run sampled {len(state['consumed'])} sources, this config has "
+                            f"{len(self.sizes)}; resume with the same data.train")
         self.step, self.consumed = state["step"], list(state["consumed"])

@@ -2,9 +2,8 @@
 
 from dataclasses import dataclass
 
+import jinja2
 import torch
-
-ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass
@@ -13,71 +12,54 @@ class SFTExample:
     target_mask: list[int]  # 1 where the token is a response token the loss trains on
 
 
-def sft_messages(record: dict) -> list[dict]:
-    """A TRL-style SFT record as a conversation; ValueError(reason) when it is not one.
-
-    Accepted: {"messages": [...]} or {"prompt": str | [...], "completion": str | [...]}.
-    """
-    if "messages" in record:
-        messages = record["messages"]
-    elif "prompt" in record or "completion" in record:
-        for field in ("prompt", "completion"):
-            if field not in record:
-                raise ValueError(f"missing field {field!r} (an SFT record needs 'messages', or 'prompt' and 'completion')")
-        prompt, completion = record["prompt"], record["completion"]
-        if isinstance(completion, str) and not completion.strip():
-            raise ValueError("empty completion")
-        messages = _as_turns(prompt, "user", "prompt") + _as_turns(completion, "assistant", "completion")
-    else:
-        raise ValueError(f"no 'messages' or 'prompt'/'completion' fields (found: {', '.join(sorted(record)) or 'none'})")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list of {role, content}")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in ROLES:
-            raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string}}, got {str(m)[:80]}")
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-        raise ValueError("empty response: no assistant message with content")
-    return messages
-
-
-def _as_turns(value, role: str, field: str) -> list[dict]:
-    if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    if isinstance(value, list):
-        return value
-    raise ValueError(f"field {field!r} must be a string or a list of messages, got {type(value).__name__}")
-
-
 def tokenize_sft(messages: list[dict], tokenizer, max_len: int) -> SFTExample:
-    """Token ids of the templated conversation; the mask marks every assistant turn (with its end token)."""
+    """Token ids of the templated conversation, truncated to `max_len`; the mask marks every assistant turn.
+
+    An assistant turn's tokens are what rendering the conversation through it adds
+    to rendering the turns before it with the generation prompt: its content, the
+    end-of-turn token and whatever the template puts after it (as TRL does).
+    """
     if not tokenizer.chat_template:
-        raise ValueError("the tokenizer has no chat template; SFT records need one")
+        raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
     input_ids: list[int] = []
     target_mask: list[int] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _template_ids(tokenizer, messages[:i], add_generation_prompt=True)
-        through = _template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True)
+        through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
         if through[: len(before)] != before or before[: len(input_ids)] != input_ids:
-            raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
+            raise ValueError(
+                "the chat template is not prefix-consistent: rendering a conversation does not start with the "
+                "rendering of its earlier turns (e.g. it rewrites earlier turns), so assistant turns cannot be masked"
+            )
         target_mask += [0] * (len(before) - len(input_ids)) + [1] * (len(through) - len(before))
         input_ids = through
-    if sum(target_mask[:max_len]) == 0:
-        first = target_mask.index(1)
-        raise ValueError(f"prompt is {first} tokens; with data.max_len={max_len} no response token is left")
+    if 1 not in target_mask:
+        raise ValueError("no assistant message to train on")
+    if 1 not in target_mask[:max_len]:
+        raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
     return SFTExample(input_ids[:max_len], target_mask[:max_len])
 
 
-def _template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """Token ids of `messages` rendered by the tokenizer's chat template; ValueError if the template refuses them."""
     if not messages:
         return []
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    try:
+        # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
+        return list(tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
+    except jinja2.TemplateError as e:  # templates reject conversations, e.g. roles that do not alternate
+        raise ValueError(f"the chat template rejects this conversation: {e}") from None
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest. response_mask [B, T-1] is prediction-aligned: 1 where the *target* x[t+1] is a response token."""
+    """Right-pad to the longest: input_ids and attention_mask [B, T] long, response_mask [B, T-1] float.
+
+    response_mask is prediction-aligned: response_mask[b, t] is 1 when the token
+    that logits[b, t] predicts, x[b, t+1], is a response token.
+    """
     length = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)

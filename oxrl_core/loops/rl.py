@@ -106,11 +106,16 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                                                     "sample": prompts[r.group].record}, default=str) + "\n")
                     summary["reward_errors"] = summary.get("reward_errors", 0) + 1
 
-        def evaluate() -> float:
-            """Greedy accuracy on the validation prompts: reward >= 1 counts as correct."""
-            rollouts = generate(val_prompts, 1, 0.0, seed_base=0)
-            score(rollouts, val_prompts)
-            return sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
+        def evaluate() -> dict:
+            """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
+            estimated from `n_samples` samples each at the training temperature."""
+            result = {}
+            for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
+                                        ("eval_accuracy", rollout_cfg.n_samples, rollout_cfg.temperature)):
+                rollouts = generate(val_prompts, n, temperature, seed_base=0)
+                score(rollouts, val_prompts)
+                result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
+            return result
 
         def refresh() -> None:
             nonlocal policy_version
@@ -134,8 +139,8 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             refresh()
         step = first_step - 1
         if val_prompts:
-            summary["accuracy_before"] = evaluate()
-            log.log({"eval_accuracy": summary["accuracy_before"]}, step)
+            summary["eval_before"] = evaluate()
+            log.log(summary["eval_before"], step)
         start, bad_steps = time.perf_counter(), 0
         with training_progress(console) as progress:
             bar = progress.add_task(train.alg, total=train.steps, completed=step, loss=float("nan"), tok_s=0.0)
@@ -189,7 +194,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 metrics |= _phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
                 metrics["policy_version"] = policy_version
                 if val_prompts and train.eval_every and step % train.eval_every == 0 and step != train.steps:
-                    metrics["eval_accuracy"] = evaluate()
+                    metrics |= evaluate()
                 log.log(metrics, step)
                 summary["history"].append({"step": step, **metrics})
                 progress.update(bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics["generate_tokens_per_s"])
@@ -200,8 +205,8 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
                     save(step, final=False)
         if val_prompts:
-            summary["accuracy_after"] = evaluate()
-            log.log({"eval_accuracy": summary["accuracy_after"]}, step)
+            summary["eval_after"] = evaluate()
+            log.log(summary["eval_after"], step)
         save(step, final=True)
         group.shutdown()
     reward_errors.close()

@@ -10,7 +10,10 @@ from pathlib import Path
 
 
 def arithmetic_problems(n: int, seed: int, max_operand: int = 50) -> list[dict]:
-    """`n` problems `{"prompt", "answer"}` with + and -, the same for the same seed."""
+    """`n` problems `{"prompt", "answer"}` with + and - on operands 0..max_operand, the same for the same seed.
+
+    Differences may be negative.
+    """
     rng = random.Random(seed)
     problems = []
     for _ in range(n):
@@ -21,10 +24,12 @@ def arithmetic_problems(n: int, seed: int, max_operand: int = 50) -> list[dict]:
 
 
 def sft_records(problems: list[dict]) -> list[dict]:
+    """Prompt-completion SFT records whose completion is the answer in the demo's `<answer>` format."""
     return [{"prompt": p["prompt"], "completion": f"<answer>{p['answer']}</answer>"} for p in problems]
 
 
 def write_jsonl(records: list[dict], path: Path) -> Path:
+    """One JSON object per line; parent folders are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -47,9 +47,13 @@ class RolloutEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        on_cpu = not torch.cuda.is_available()
+        # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill is
+        # split over scheduler steps ("CPU Generator does not use offset"): give a step room for every prefill.
+        cpu_limits = {"max_num_seqs": 256, "max_num_batched_tokens": 256 * max_model_len} if on_cpu else {}
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, seed=seed, enforce_eager=not torch.cuda.is_available(),
+            gpu_memory_utilization=gpu_memory_utilization, seed=seed, enforce_eager=on_cpu, **cpu_limits,
             # logprobs of the distribution actually sampled from (after temperature), as the trainer computes them
             logprobs_mode="processed_logprobs",
         )

@@ -178,12 +178,12 @@ def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
     assert (tmp_path / "sft-tiny" / "final" / "model.safetensors").is_file()
 
 
-def test_demo_runs_sft_then_rl_and_writes_its_curves(oxrl):
+def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
     """What `make demo` runs after installing: the embedded default, end to end."""
     result = oxrl("demo")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines() if line.count("│") == 3}
-    after_sft, after_rl = float(rows["greedy accuracy after SFT"]), float(rows["greedy accuracy after RL"])
-    assert 0 <= after_sft <= 1 and 0 <= after_rl <= 1
+    after_sft, after_rl = float(rows["accuracy after SFT (sampled, T=1)"]), float(rows["accuracy after RL (sampled, T=1)"])
+    assert after_rl > after_sft  # RL with the verifiable reward beats SFT alone (measured: 0.11 -> 0.21)
     curves = next(Path(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("curves "))
     assert curves.is_file() and curves.read_bytes()[:4] == b"\x89PNG"

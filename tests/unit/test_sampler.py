@@ -1,8 +1,12 @@
 """The mixed-ratio sampler: epochs, ratios, and restoring from its state."""
 
+import json
 from collections import Counter
 
+import pytest
+
 from oxrl_core.data.sampler import MixedSampler
+from oxrl_core.errors import OxrlError
 
 
 def test_single_source_visits_every_example_once_per_epoch():
@@ -18,7 +22,7 @@ def test_restored_sampler_continues_with_the_same_batches():
     for _ in range(5):
         original.next_batch(4)
     restored = MixedSampler([7, 13], [1.0, 3.0], seed=0)
-    restored.load_state_dict(original.state_dict())
+    restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
     assert [original.next_batch(4) for _ in range(10)] == [restored.next_batch(4) for _ in range(10)]
 
 
@@ -33,3 +37,11 @@ def test_same_seed_same_order_other_seed_other_order():
         return MixedSampler([20, 5], [1.0, 1.0], seed).next_batch(16)
 
     assert order(0) == order(0) and order(0) != order(1)
+
+
+def test_state_survives_json_and_refuses_another_number_of_sources():
+    sampler = MixedSampler([4, 6], [1.0, 1.0], seed=2)
+    sampler.next_batch(7)
+    state = json.loads(json.dumps(sampler.state_dict()))
+    with pytest.raises(OxrlError, match="sampled 2 sources, this config has 3"):
+        MixedSampler([4, 6, 5], [1.0, 1.0, 1.0], seed=2).load_state_dict(state)

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from oxrl_core.data.records import load_sft_examples
-from oxrl_core.data.sft import collate_sft, sft_messages, tokenize_sft
+from oxrl_core.data.records import load_sft_examples, read_records, sft_messages
+from oxrl_core.data.sft import collate_sft, tokenize_sft
 from oxrl_core.errors import OxrlError
 
 
@@ -84,13 +84,16 @@ def test_bad_records_say_why(record, reason):
 
 def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path, tokenizer):
     path = tmp_path / "d.jsonl"
-    good = json.dumps({"prompt": "a", "completion": "b"})
-    path.write_text("\n".join([good, "{broken", "", good, '{"prompt": "x"}', '[1, 2]', good]) + "\n")
+    good = json.dumps({"prompt": "a", "completion": "b"}).encode()
+    lines = [good, b"{broken", b"", good, b'{"prompt": "x"}', b"[1, 2]", good,
+             json.dumps({"prompt": "a", "completion": ""}).encode(), b'{"prompt": "caf\xe9"}', good]
+    path.write_bytes(b"\n".join(lines) + b"\n")
     examples, report = load_sft_examples(path, tokenizer, 64, strict=False)
-    assert len(examples) == 3 and report.kept == 3 and report.total == 6
+    assert len(examples) == 4 and report.kept == 4 and report.total == 9  # the blank line is no record
     assert [(p.line, p.reason.split(" (")[0]) for p in report.problems] == [
-        (2, "malformed JSON"), (5, "missing field 'completion'"), (6, "expected a JSON object, got list")]
-    assert str(report.problems[0]).startswith(f"{path}:2: malformed JSON")
+        (2, "malformed JSON"), (5, "missing field 'completion'"), (6, "expected a JSON object, got list"),
+        (8, "empty completion"), (9, "not UTF-8 text")]
+    assert str(report.problems[0]).startswith(f"{path}:2: malformed JSON (Expecting property name")
 
 
 def test_strict_makes_the_first_bad_line_fatal(tmp_path, tokenizer):
@@ -112,3 +115,35 @@ def test_a_file_without_usable_records_is_an_error(tmp_path, tokenizer):
     path.write_text('{"prompt": "x"}\n')
     with pytest.raises(OxrlError, match="no usable SFT record"):
         load_sft_examples(path, tokenizer, 64, strict=False)
+
+
+def test_unknown_extension_and_missing_file_are_errors(tmp_path):
+    with pytest.raises(OxrlError, match=r"unsupported data file type '\.csv'; allowed: \.jsonl, \.json, \.parquet"):
+        read_records(tmp_path / "d.csv")
+    with pytest.raises(OxrlError, match="no such data file"):
+        read_records(tmp_path / "missing.jsonl")
+
+
+def test_an_empty_file_is_an_error(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n")
+    with pytest.raises(OxrlError, match="no records; the file is empty"):
+        load_sft_examples(path, tokenizer, 64, strict=False)
+
+
+def test_a_template_that_rejects_or_rewrites_turns_is_a_reason_not_a_crash(tiny_model_dir):
+    messages = sft_messages({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                          {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(ValueError, match="the chat template rejects this conversation: roles must alternate"):
+        tokenize_sft(messages, tokenizer, 64)
+    # like templates that drop earlier turns' reasoning: only the last assistant turn keeps its content
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] if loop.last or m['role'] != 'assistant' else '' }}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(ValueError, match="not prefix-consistent"):
+        tokenize_sft(messages, tokenizer, 64)
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        tokenize_sft(messages, tokenizer, 64)
