@@ -15,9 +15,7 @@ def render_sl_summary(summary: dict, console: Console) -> None:
         ("model", summary["checkpoint"]),
         ("mlflow run", summary["mlflow_run_id"]),
     ]
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
+    _print_rows(table, rows, console)
 
 
 def render_rl_summary(summary: dict, console: Console) -> None:
@@ -34,9 +32,7 @@ def render_rl_summary(summary: dict, console: Console) -> None:
         ("model", summary["checkpoint"]),
         ("mlflow run", summary["mlflow_run_id"]),
     ]
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
+    _print_rows(table, rows, console)
 
 
 def render_demo(result: dict) -> None:
@@ -51,11 +47,15 @@ def render_demo(result: dict) -> None:
         ("accuracy after RL (greedy)", _num(result["after_rl"]["eval_accuracy_greedy"])),
         ("wall time", f"{result['wall_time_s']:.0f} s"),
     ]
+    _print_rows(table, rows, console)
+    console.print(f"model {result['checkpoint']}", soft_wrap=True, highlight=False)
+    console.print(f"curves {result['plot']}", soft_wrap=True, highlight=False)
+
+
+def _print_rows(table: Table, rows: list[tuple[str, str]], console: Console) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
-    console.print(f"model {result['checkpoint']}", soft_wrap=True, highlight=False)
-    console.print(f"curves {result['plot']}", soft_wrap=True, highlight=False)
 
 
 def _num(x) -> str:

@@ -17,14 +17,13 @@ from rich.console import Console
 
 from oxrl_core.algs.advantages import group_advantages
 from oxrl_core.checks.stability import check_no_padding_holes, check_policy_version, non_finite
-from oxrl_core.config.load import dump_config
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import crash_report
-from oxrl_core.loops.run_folder import refuse_overwrite, report_data, resume_state
+from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data
 from oxrl_core.rewards import resolve_reward
 from oxrl_core.rollout.engine import Rollout, RolloutEngine
 from oxrl_core.tracking.console import training_progress
@@ -41,18 +40,10 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
     if config.lora.enabled:
         raise OxrlError("lora.enabled=true: LoRA weight refresh for RL is not built yet; use full fine-tuning")
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
-    run_dir = config.run.output_dir / config.run.name
-    ds_dir = run_dir / "ds"
-    state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
-    config_yaml = dump_config(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_yaml)
+    run_dir, ds_dir, state, config_yaml = open_run_folder(config, resume)
 
     # Prompts and the reward are checked before any engine starts.
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tokenizer, pad_id = load_tokenizer(model_path)
     prompt_sets, reports = [], []
     for source in config.data.train:
         prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)

@@ -6,8 +6,31 @@ from pathlib import Path
 
 from rich.console import Console
 
+from oxrl_core.config.load import dump_config
 from oxrl_core.data.records import DataReport
 from oxrl_core.errors import OxrlError
+
+
+def open_run_folder(config, resume: bool) -> tuple[Path, Path, dict, str]:
+    """(run folder, its DeepSpeed folder, the state to resume or {}, the resolved config as YAML).
+
+    A run folder holding a checkpoint is only ever continued (`--resume`), never overwritten.
+    """
+    run_dir = config.run.output_dir / config.run.name
+    ds_dir = run_dir / "ds"
+    state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
+    config_yaml = dump_config(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    return run_dir, ds_dir, state, config_yaml
+
+
+def load_tokenizer(model_path: str):
+    """The model's tokenizer and the id that pads batches (pad token, else EOS)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return tokenizer, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def resume_state(ds_dir: Path) -> dict:

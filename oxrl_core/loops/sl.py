@@ -13,31 +13,22 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from oxrl_core.config.load import dump_config
 from oxrl_core.config.schema import SLConfig
 from oxrl_core.data.records import load_sft_examples
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.loops.crash import crash_report
-from oxrl_core.loops.run_folder import refuse_overwrite, report_data, resume_state
+from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.group import TrainGroup, ray_cluster
 
 
 def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) -> dict:
-    run_dir = config.run.output_dir / config.run.name
-    ds_dir = run_dir / "ds"
-    state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
-    config_yaml = dump_config(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_yaml)
+    run_dir, ds_dir, state, config_yaml = open_run_folder(config, resume)
 
     # Data: read, validate and tokenize everything before any engine starts.
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tokenizer, pad_id = load_tokenizer(model_path)
     train_sets, reports = [], []
     for source in config.data.train:
         examples, report = load_sft_examples(source.path, tokenizer, config.data.max_len, config.data.strict)

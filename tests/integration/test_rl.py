@@ -148,3 +148,11 @@ def _safetensors(folder: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("alg", ["cispo", "sgrpo"])
+def test_shipped_rl_example_runs_as_is(tmp_path, oxrl, alg):
+    result = oxrl("train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", "train.steps=2", f"run.output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / f"{alg}-tiny" / "summary.json").read_text())
+    assert len(summary["history"]) == 2 and "eval_accuracy" in summary["eval_after"]
