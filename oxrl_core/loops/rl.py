@@ -155,14 +155,10 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                                                  rollout_cfg.mask_truncated)
                     old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
                     gap = _sampler_trainer_gap(per_rank, old)
-                    for rank_batches, rank_old in zip(per_rank, old):
-                        for batch, old_logprobs in zip(rank_batches, rank_old):
-                            batch["old_logprobs"] = old_logprobs
+                    _attach(per_rank, "old_logprobs", old)
                     if train.kl_coeff > 0:
-                        ref = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True)
-                        for rank_batches, rank_ref in zip(per_rank, ref):
-                            for batch, ref_logprobs in zip(rank_batches, rank_ref):
-                                batch["ref_logprobs"] = ref_logprobs
+                        _attach(per_rank, "ref_logprobs",
+                                group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True))
                     bad = non_finite(rewards=rewards, advantages=advantages, trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
                     metrics = _rollout_metrics(rollouts, rewards) | gap
                     if bad:
@@ -173,7 +169,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                         bad_steps = 0
                         num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
                         results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
-                                             loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
+                                             with_entropy=True, loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
                         metrics |= _train_metrics(results, num_tokens)
                         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
                             raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
@@ -241,6 +237,13 @@ def _rl_micro_batches(rollouts: list[Rollout], advantages: torch.Tensor, ranks: 
             rank_batches.append(batch)
         batches.append(rank_batches)
     return batches
+
+
+def _attach(per_rank: list[list[dict]], key: str, tensors: list[list[torch.Tensor]]) -> None:
+    """Put each rank's per-micro-batch tensors into its micro-batches under `key`."""
+    for rank_batches, rank_tensors in zip(per_rank, tensors):
+        for batch, tensor in zip(rank_batches, rank_tensors):
+            batch[key] = tensor
 
 
 def _sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Tensor]]) -> dict:

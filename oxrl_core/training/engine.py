@@ -105,7 +105,8 @@ class TrainEngine:
 
     # -- training ---------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[dict], alg: str, loss_kwargs: dict, temperature: float = 1.0) -> dict:
+    def train_step(self, micro_batches: list[dict], alg: str, loss_kwargs: dict, temperature: float = 1.0,
+                   with_entropy: bool = False) -> dict:
         """One optimizer step over this rank's micro-batches with the loss of `alg`.
 
         `loss_kwargs` carry the global batch's normalisers (tokens, sequences), so the
@@ -119,13 +120,14 @@ class TrainEngine:
         scale = self.engine.gradient_accumulation_steps() * self.engine.world_size
         loss_sum, sums = 0.0, {}
         for batch in micro_batches:
-            batch = {k: v.to(self.engine.device) for k, v in batch.items()}
-            logprobs, entropy = self._logprobs(batch, temperature, with_entropy=True)
+            batch = self._to_device(batch)
+            logprobs, entropy = self._logprobs(batch, temperature, with_entropy)
             loss, metrics = batch_loss(logprobs, batch, **loss_kwargs)
             self.engine.backward(loss * scale)
             self.engine.step()
             loss_sum += loss.item()
-            metrics["entropy_sum"] = (entropy * batch["response_mask"]).sum().item()
+            if with_entropy:  # a full-vocabulary softmax: only for loops that report it
+                metrics["entropy_sum"] = (entropy * batch["response_mask"]).sum().item()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
@@ -136,7 +138,7 @@ class TrainEngine:
         self.engine.eval()
         nll_sum = tokens = 0.0
         for batch in micro_batches:
-            batch = {k: v.to(self.engine.device) for k, v in batch.items()}
+            batch = self._to_device(batch)
             logprobs, _ = self._logprobs(batch)
             nll_sum += -(logprobs * batch["response_mask"]).sum().item()
             tokens += batch["response_mask"].sum().item()
@@ -147,8 +149,10 @@ class TrainEngine:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
         self.engine.eval()
         model = self.reference if reference else self.engine
-        return [self._logprobs({k: v.to(self.engine.device) for k, v in b.items()}, temperature, model=model)[0].cpu()
-                for b in micro_batches]
+        return [self._logprobs(self._to_device(b), temperature, model=model)[0].cpu() for b in micro_batches]
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.engine.device) for k, v in batch.items()}
 
     def _logprobs(self, batch: dict, temperature: float = 1.0, with_entropy: bool = False, model=None):
         """[B, T-1] logprobs of the batch's tokens (and the policy's entropy at each position, as a metric)."""

@@ -104,7 +104,7 @@ def test_unknown_and_unbuilt_algorithms_are_refused_before_anything_starts(oxrl,
 
 
 def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts):
-    from oxrl_core.loops.rl import _rl_micro_batches, _start_rollout_engines
+    from oxrl_core.loops.rl import _attach, _rl_micro_batches, _start_rollout_engines
     from oxrl_core.training.group import TrainGroup, ray_cluster
 
     config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
@@ -120,9 +120,7 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = _rl_micro_batches(before, advantages, 2, 2, 0, mask_truncated=False)
-        for rank_batches, rank_old in zip(batches, group.call("token_logprobs", batches)):
-            for batch, old in zip(rank_batches, rank_old):
-                batch["old_logprobs"] = old
+        _attach(batches, "old_logprobs", group.call("token_logprobs", batches))
         kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=8.0,
                       num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
         group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
