@@ -29,6 +29,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"run.train_ranks={run.train_ranks}: this machine has {torch.cuda.device_count()} GPU(s)")
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
+    if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
+        raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
 
     for i, source in enumerate(config.data.train):
         _check_data_file(f"data.train.{i}.path", source.path)

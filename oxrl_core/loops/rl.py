@@ -15,7 +15,7 @@ import ray
 import torch
 from rich.console import Console
 
-from oxrl_core.algs.advantages import group_advantages
+from oxrl_core.algs.advantages import gae, group_advantages
 from oxrl_core.checks.stability import check_no_padding_holes, check_policy_version, non_finite
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.data.records import PromptExample, load_prompts
@@ -31,14 +31,7 @@ from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.engine import model_dtype
 from oxrl_core.training.group import TrainGroup, ray_cluster
 
-BUILT_RL_ALGS = ("sgrpo", "cispo")
-
-
 def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
-    if config.train.alg not in BUILT_RL_ALGS:
-        raise OxrlError(f"train.alg={config.train.alg!r}: not built yet; built: {', '.join(BUILT_RL_ALGS)}")
-    if config.lora.enabled:
-        raise OxrlError("lora.enabled=true: LoRA weight refresh for RL is not built yet; use full fine-tuning")
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
     run_dir, ds_dir, state, config_yaml = open_run_folder(config, resume)
 
@@ -57,6 +50,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
     reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
 
     prompts_per_step = train.batch_size // rollout_cfg.n_samples
+    ppo = train.alg == "ppo"
     sampler = MixedSampler([len(s) for s in prompt_sets], [s.ratio for s in config.data.train], train.seed)
     first_step = 1
     if state:
@@ -144,22 +138,31 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 # 2. reward
                 with _timed(seconds, "reward"):
                     score(rollouts, prompts)
-                # 3. advantages
+                # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
                 rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-                advantages = group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)
+                per_sample = {"rewards": rewards} if ppo else \
+                    {"advantages": group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)}
                 # 4. train, on the samples of exactly this policy version
                 if rollout_cfg.force_strict_on_policy:
                     check_policy_version([r.policy_version for r in rollouts], policy_version)
                 with _timed(seconds, "train"):
-                    per_rank = _rl_micro_batches(rollouts, advantages, ranks, train.micro_batch_size, pad_id,
+                    per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
                                                  rollout_cfg.mask_truncated)
-                    old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
+                    if ppo:
+                        scored = group.call("logprobs_and_values", per_rank, temperature=rollout_cfg.temperature)
+                        old = [[logprobs for logprobs, _ in rank] for rank in scored]
+                        _attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
+                    else:
+                        old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
                     gap = _sampler_trainer_gap(per_rank, old)
                     _attach(per_rank, "old_logprobs", old)
                     if train.kl_coeff > 0:
                         _attach(per_rank, "ref_logprobs",
                                 group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True))
-                    bad = non_finite(rewards=rewards, advantages=advantages, trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+                    if ppo:
+                        _gae_advantages(per_rank, train)
+                    bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
+                                     trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
                     metrics = _rollout_metrics(rollouts, rewards) | gap
                     if bad:
                         bad_steps += 1
@@ -213,10 +216,11 @@ def _start_rollout_engines(config: RLConfig, model_path: str) -> list:
                          r.gpu_memory_utilization, config.train.seed + i) for i in range(r.engines)]
 
 
-def _rl_micro_batches(rollouts: list[Rollout], advantages: torch.Tensor, ranks: int, size: int, pad_id: int,
+def _rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,
                       mask_truncated: bool) -> list[list[dict]]:
-    """Samples cut into per-rank micro-batches: tokens, masks, advantages [B] and the sampler's logprobs placed
-    on their prediction-aligned positions (the token at index len(prompt) + j is predicted at len(prompt) + j - 1)."""
+    """Samples cut into per-rank micro-batches: tokens, masks, the `per_sample` tensors ([B] each: advantages, or
+    PPO's rewards) and the sampler's logprobs placed on their prediction-aligned positions (the token at index
+    len(prompt) + j is predicted at len(prompt) + j - 1)."""
     per_rank = len(rollouts) // ranks
     batches = []
     for r in range(ranks):
@@ -233,7 +237,7 @@ def _rl_micro_batches(rollouts: list[Rollout], advantages: torch.Tensor, ranks: 
             for b, x in enumerate(chunk):
                 sampler_logprobs[b, len(x.prompt_ids) - 1:len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(x.sampler_logprobs)
             batch["sampler_logprobs"] = sampler_logprobs
-            batch["advantages"] = advantages[start:start + size].clone()
+            batch |= {key: values[start:start + size].clone() for key, values in per_sample.items()}
             rank_batches.append(batch)
         batches.append(rank_batches)
     return batches
@@ -244,6 +248,26 @@ def _attach(per_rank: list[list[dict]], key: str, tensors: list[list[torch.Tenso
     for rank_batches, rank_tensors in zip(per_rank, tensors):
         for batch, tensor in zip(rank_batches, rank_tensors):
             batch[key] = tensor
+
+
+def _gae_advantages(per_rank: list[list[dict]], train) -> None:
+    """PPO: each sequence's reward sits on its last response token, less a per-token KL penalty to the reference
+    when kl_coeff > 0 (InstructGPT's shaping); GAE over the old values gives advantages and returns [B, T-1].
+    Unless adv_std_norm is none, advantages are whitened over all response tokens of the batch."""
+    batches = [b for rank in per_rank for b in rank]
+    for b in batches:
+        mask = b["response_mask"]
+        token_rewards = torch.zeros_like(mask)
+        last = (mask * torch.arange(mask.shape[1])).argmax(-1)  # prediction-aligned index of each last token
+        token_rewards[torch.arange(len(mask)), last] = b.pop("rewards") * mask.amax(-1)
+        if train.kl_coeff > 0:
+            token_rewards -= train.kl_coeff * (b["old_logprobs"] - b["ref_logprobs"]) * mask
+        b["advantages"], b["returns"] = gae(token_rewards, b["old_values"], mask, train.gamma, train.lam)
+    if train.adv_std_norm != "none":
+        tokens = torch.cat([b["advantages"][b["response_mask"] > 0] for b in batches])
+        mean, std = tokens.mean(), tokens.std(unbiased=False)
+        for b in batches:
+            b["advantages"] = (b["advantages"] - mean) / (std + 1e-6) * b["response_mask"]
 
 
 def _sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Tensor]]) -> dict:
@@ -265,6 +289,8 @@ def _loss_kwargs(config: RLConfig, num_tokens: float, num_seqs: int) -> dict:
               "num_tokens": num_tokens, "num_seqs": float(num_seqs), "max_len": float(config.rollout.max_tokens)}
     if train.alg == "sgrpo":
         kwargs["kl_coeff"] = train.kl_coeff
+    if train.alg == "ppo":
+        kwargs |= {"value_clip": train.value_clip, "vf_coeff": train.vf_coeff, "entropy_coeff": train.entropy_coeff}
     return kwargs
 
 
@@ -283,8 +309,9 @@ def _train_metrics(results: list[dict], num_tokens: float) -> dict:
     metrics = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
                "clip_frac": sum(r["clip_frac_sum"] for r in results) / num_tokens,
                "entropy": sum(r["entropy_sum"] for r in results) / num_tokens}
-    if "kl_ref_sum" in results[0]:
-        metrics["kl_ref"] = sum(r["kl_ref_sum"] for r in results) / num_tokens
+    for name in ("kl_ref", "value_loss"):
+        if f"{name}_sum" in results[0]:
+            metrics[name] = sum(r[f"{name}_sum"] for r in results) / num_tokens
     return metrics
 
 

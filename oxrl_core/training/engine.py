@@ -14,6 +14,7 @@ import torch
 
 from oxrl_core.algs.registry import BATCH_LOSSES
 from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.training.logprobs import token_logprobs
 
 
@@ -82,6 +83,9 @@ class TrainEngine:
             lora = config.lora
             model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                      target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        self.critic = isinstance(config, RLConfig) and config.train.alg == "ppo"
+        if self.critic:
+            model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, model_dtype(config))
         train = config.train
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.engine, *_ = deepspeed.initialize(
@@ -119,15 +123,17 @@ class TrainEngine:
         # gradient is that of the global-batch loss.
         scale = self.engine.gradient_accumulation_steps() * self.engine.world_size
         loss_sum, sums = 0.0, {}
+        # PPO's entropy bonus needs the entropy's gradient; the others only report it.
+        entropy_grad = loss_kwargs.get("entropy_coeff", 0.0) > 0
         for batch in micro_batches:
             batch = self._to_device(batch)
-            logprobs, entropy = self._logprobs(batch, temperature, with_entropy)
-            loss, metrics = batch_loss(logprobs, batch, **loss_kwargs)
+            outputs = self._forward(batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None)
+            loss, metrics = batch_loss(outputs, batch, **loss_kwargs)
             self.engine.backward(loss * scale)
             self.engine.step()
             loss_sum += loss.item()
-            if with_entropy:  # a full-vocabulary softmax: only for loops that report it
-                metrics["entropy_sum"] = (entropy * batch["response_mask"]).sum().item()
+            if with_entropy:
+                metrics["entropy_sum"] = (outputs["entropy"].detach() * batch["response_mask"]).sum().item()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
@@ -139,7 +145,7 @@ class TrainEngine:
         nll_sum = tokens = 0.0
         for batch in micro_batches:
             batch = self._to_device(batch)
-            logprobs, _ = self._logprobs(batch)
+            logprobs = self._forward(batch)["logprobs"]
             nll_sum += -(logprobs * batch["response_mask"]).sum().item()
             tokens += batch["response_mask"].sum().item()
         return {"nll_sum": nll_sum, "tokens": tokens}
@@ -149,24 +155,35 @@ class TrainEngine:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
         self.engine.eval()
         model = self.reference if reference else self.engine
-        return [self._logprobs(self._to_device(b), temperature, model=model)[0].cpu() for b in micro_batches]
+        return [self._forward(self._to_device(b), temperature, model=model)["logprobs"].cpu() for b in micro_batches]
+
+    @torch.no_grad()
+    def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """PPO: per-token logprobs and the critic's values, both [B, T-1], from one forward per micro-batch."""
+        self.engine.eval()
+        outputs = [self._forward(self._to_device(b), temperature) for b in micro_batches]
+        return [(o["logprobs"].cpu(), o["values"].float().cpu()) for o in outputs]
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.engine.device) for k, v in batch.items()}
 
-    def _logprobs(self, batch: dict, temperature: float = 1.0, with_entropy: bool = False, model=None):
-        """[B, T-1] logprobs of the batch's tokens (and the policy's entropy at each position, as a metric)."""
+    def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, model=None) -> dict:
+        """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens; `values` (the critic's estimate
+        of the state before each token) when the model has a value head; the policy's `entropy` at each
+        position when asked, with its gradient (`grad`) or as a metric (`metric`)."""
         model = model or self.engine
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        logits, values = output if isinstance(output, tuple) else (output.logits, None)
         if temperature != 1.0:
             logits = logits / temperature  # the distribution vLLM sampled from
-        logprobs = token_logprobs(logits, batch["input_ids"])
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
+        outputs = {"logprobs": token_logprobs(logits, batch["input_ids"])}
+        if values is not None:
+            outputs["values"] = values[:, :-1]
+        if entropy:  # a full-vocabulary softmax
+            with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
                 log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                entropy = -(log_p.exp() * log_p).sum(-1)
-        return logprobs, entropy
+                outputs["entropy"] = -(log_p.exp() * log_p).sum(-1)
+        return outputs
 
     # -- checkpoints ------------------------------------------------------------
 
@@ -182,20 +199,44 @@ class TrainEngine:
         _set_rng_state(torch.load(ds_dir / tag / f"rng_rank{self.rank}.pt", weights_only=False))
 
     def save_hf(self, out_dir: Path, tokenizer_dir: str) -> None:
-        """A Hugging Face folder (safetensors + tokenizer); with LoRA, the adapter only."""
+        """A Hugging Face folder (safetensors + tokenizer); with LoRA, the adapter only; PPO's value head beside it."""
         state = self._gathered(trainable_only=self.config.lora.enabled)  # with LoRA the base is unchanged
         if self.rank == 0:
+            from safetensors.torch import save_file
             from transformers import AutoTokenizer
 
-            self.engine.module.save_pretrained(out_dir, state_dict=dict(state), safe_serialization=True)
+            policy_state = {name.removeprefix("policy."): t for name, t in state if not name.startswith("value_head.")}
+            self._policy().save_pretrained(out_dir, state_dict=policy_state, safe_serialization=True)
+            if self.critic:
+                save_file({n.removeprefix("value_head."): t for n, t in state if n.startswith("value_head.")}, out_dir / VALUE_HEAD_FILE)
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The full weights under their Hugging Face names, for vLLM's `load_weights` (rank 0; others: [])."""
-        if self.config.lora.enabled:
-            raise NotImplementedError("weight refresh of LoRA runs")
-        return self._gathered(trainable_only=False)
+        """The policy's full weights under their Hugging Face names, for vLLM's `load_weights` (rank 0; others: []).
+
+        With LoRA the adapter is merged in (W + scale * B A, peft's own delta) and peft's name
+        prefixes are dropped: vLLM serves plain weights, no adapter machinery, and needs no restart.
+        """
+        import deepspeed
+
+        policy, pairs = self._policy(), []
+        for name, param in policy.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                continue  # merged into their base layer's weight below
+            lora_layer = policy.get_submodule(name.split(".base_layer.")[0]) if ".base_layer.weight" in name else None
+            params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
+            with deepspeed.zero.GatheredParameters(params, enabled=self.zero3):
+                if self.rank == 0:
+                    weight = param.detach()
+                    if lora_layer is not None:
+                        weight = weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
+                    pairs.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight.to("cpu", copy=True)))
+        return pairs
+
+    def _policy(self):
+        """The language model itself (a PeftModel with LoRA), without PPO's value head."""
+        return self.engine.module.policy if self.critic else self.engine.module
 
     def _gathered(self, trainable_only: bool) -> list[tuple[str, torch.Tensor]]:
         """(name, full tensor) on rank 0. Under ZeRO-3 each rank holds a shard of every

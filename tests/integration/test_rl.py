@@ -40,7 +40,9 @@ def history(out: Path, name: str) -> list[dict]:
     return json.loads((out / name / "summary.json").read_text())["history"]
 
 
-@pytest.mark.parametrize("alg, extra", [("cispo", ()), ("sgrpo", ("train.kl_coeff=0.05",))])
+@pytest.mark.parametrize("alg, extra", [("cispo", ()), ("sgrpo", ("train.kl_coeff=0.05",)),
+                                        ("ppo", ("train.kl_coeff=0.05", "train.entropy_coeff=0.01")),
+                                        ("ppo", ("lora.enabled=true", "lora.r=8"))], ids=["cispo", "sgrpo", "ppo", "ppo-lora"])
 def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompts, oxrl_rl, alg, extra):
     result = oxrl_rl(*rl_args(alg, tiny_model_dir, prompts, tmp_path, alg, "train.steps=2", *extra))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -53,9 +55,13 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompt
     assert steps[0]["reward_std"] > 0 and steps[0]["grad_norm"] > 0  # the reward gave a signal and it trained
     if alg == "sgrpo":
         assert "kl_ref" in steps[1] and steps[1]["kl_ref"] >= 0
+    if alg == "ppo":  # the critic trains with the policy and is saved beside it
+        assert all(s["value_loss"] > 0 for s in steps)
+        assert set(_safetensors(tmp_path / alg / "final", "value_head.safetensors")) == {"weight", "bias"}
     # Step 2 sampled from the refreshed engine: its logprobs are the updated trainer's.
     assert steps[1]["logprob_gap_abs"] < 1e-3
-    assert (tmp_path / alg / "final" / "model.safetensors").is_file()
+    lora = "lora.enabled=true" in extra  # a LoRA run saves its adapter; vLLM was served the merged weights
+    assert (tmp_path / alg / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
 def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts, oxrl_rl):
@@ -96,21 +102,21 @@ def test_nan_rewards_skip_steps_then_stop_cleanly_with_a_checkpoint(tmp_path, ti
     assert all(torch.isfinite(t).all() for t in _safetensors(tmp_path / "nan" / "final").values())
 
 
-def test_unknown_and_unbuilt_algorithms_are_refused_before_anything_starts(oxrl, tiny_model_dir, prompts, tmp_path):
+def test_unknown_algorithm_is_refused_before_anything_starts(oxrl, tiny_model_dir, prompts, tmp_path):
     unknown = oxrl(*rl_args("reinforce", tiny_model_dir, prompts, tmp_path, "x", "train.steps=1"))
-    assert unknown.returncode == 2 and "train.alg='reinforce'" in unknown.stderr and "'cispo'" in unknown.stderr
-    unbuilt = oxrl(*rl_args("ppo", tiny_model_dir, prompts, tmp_path, "y", "train.steps=1"))
-    assert unbuilt.returncode == 2 and "not built yet" in unbuilt.stderr
+    assert unknown.returncode == 2 and "train.alg='reinforce'" in unknown.stderr and "'ppo'" in unknown.stderr
+    assert not (tmp_path / "x").exists()
 
 
-def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
+def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts, lora):
     from oxrl_core.loops.rl import _attach, _rl_micro_batches, _start_rollout_engines
     from oxrl_core.training.group import TrainGroup, ray_cluster
 
     config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
         f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
         f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=2",
-        "train.grad_accum=1", "rollout.n_samples=4"])
+        "train.grad_accum=1", "rollout.n_samples=4", f"lora.enabled={str(lora).lower()}", "lora.r=8"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
     with ray_cluster():
@@ -119,7 +125,7 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
         before = ray.get(engine.generate.remote(prompt, 4, 1.0, 1.0, 8, [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-        batches = _rl_micro_batches(before, advantages, 2, 2, 0, mask_truncated=False)
+        batches = _rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
         _attach(batches, "old_logprobs", group.call("token_logprobs", batches))
         kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=8.0,
                       num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
@@ -127,12 +133,12 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
         ray.get(engine.load_weights.remote(group.call("named_weights")[0], 1))
         after = ray.get(engine.generate.remote(prompt, 2, 1.0, 1.0, 8, [1]))
 
-        trainer = group.call("token_logprobs", _rl_micro_batches(after, torch.zeros(2), 2, 1, 0, False))
+        trainer = group.call("token_logprobs", _rl_micro_batches(after, {}, 2, 1, 0, False))
         for rank, sample in enumerate(after):
             n = len(sample.prompt_ids)
             mine = trainer[rank][0][0, n - 1:n - 1 + len(sample.response_ids)]
             assert torch.allclose(mine, torch.tensor(sample.sampler_logprobs), atol=1e-2)  # bf16-level tolerance
-        stale_gap = group.call("token_logprobs", _rl_micro_batches(before[:2], torch.zeros(2), 2, 1, 0, False))
+        stale_gap = group.call("token_logprobs", _rl_micro_batches(before[:2], {}, 2, 1, 0, False))
         n = len(before[0].prompt_ids)
         assert (stale_gap[0][0][0, n - 1:n - 1 + len(before[0].response_ids)] - torch.tensor(before[0].sampler_logprobs)).abs().max() > 1e-2
 
@@ -142,13 +148,13 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
         group.shutdown()
 
 
-def _safetensors(folder: Path) -> dict:
+def _safetensors(folder: Path, file: str = "model.safetensors") -> dict:
     from safetensors.torch import load_file
 
-    return load_file(folder / "model.safetensors")
+    return load_file(folder / file)
 
 
-@pytest.mark.parametrize("alg", ["cispo", "sgrpo"])
+@pytest.mark.parametrize("alg", ["cispo", "sgrpo", "ppo"])
 def test_shipped_rl_example_runs_as_is(tmp_path, oxrl, alg):
     result = oxrl("train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", "train.steps=2", f"run.output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]

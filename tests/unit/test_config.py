@@ -158,6 +158,16 @@ def test_rl_config_validates_group_size(tmp_path, good):
         check_config(config)
 
 
+def test_cispo_with_a_kl_coefficient_is_refused_rather_than_ignored(tmp_path, good):
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(good))
+    from oxrl_core.config.checks import check_config
+
+    with pytest.raises(OxrlError, match=r"train.kl_coeff=0.1: CISPO has no KL term"):
+        check_config(load_config(RLConfig, path, ["train.alg=cispo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
+    check_config(load_config(RLConfig, path, ["train.alg=ppo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
+
+
 def test_internal_failure_leaves_a_crash_report_but_a_user_mistake_does_not(tmp_path):
     from oxrl_core.loops.crash import crash_report
 

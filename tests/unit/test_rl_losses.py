@@ -175,3 +175,36 @@ def test_aggregation_over_micro_batches_equals_the_whole_batch(mode):
     parts = aggregate(per_token[:2], mask[:2], mode, **kw) + aggregate(per_token[2:], mask[2:], mode, **kw)
     assert abs(whole.item() - parts.item()) <= 1e-12
     assert abs(whole.item() - ref_aggregate(per_token.tolist(), mask.tolist(), mode, 5)) <= TOL
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
+    from types import SimpleNamespace
+
+    from oxrl_core.loops.rl import _gae_advantages
+
+    g = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.float64)  # last row: masked out
+    rewards = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    old, ref, values = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    batch = {"response_mask": mask, "rewards": rewards.clone(), "old_logprobs": old, "ref_logprobs": ref, "old_values": values}
+    train = SimpleNamespace(kl_coeff=0.1, gamma=0.9, lam=0.8, adv_std_norm="batch" if whiten else "none")
+    _gae_advantages([[batch]], train)
+    expected, returns = [[0.0] * 5 for _ in range(3)], [[0.0] * 5 for _ in range(3)]
+    for b in range(3):
+        positions = [t for t in range(5) if mask[b, t]]
+        running = 0.0
+        for i in reversed(range(len(positions))):
+            t = positions[i]
+            r = -0.1 * (old[b, t].item() - ref[b, t].item()) + (rewards[b].item() if i == len(positions) - 1 else 0.0)
+            next_v = values[b, positions[i + 1]].item() if i + 1 < len(positions) else 0.0
+            running = r + 0.9 * next_v - values[b, t].item() + 0.9 * 0.8 * running
+            expected[b][t], returns[b][t] = running, running + values[b, t].item()
+    if whiten:
+        flat = [expected[b][t] for b in range(3) for t in range(5) if mask[b, t]]
+        mean = sum(flat) / len(flat)
+        std = math.sqrt(sum((x - mean) ** 2 for x in flat) / len(flat))
+        expected = [[(x - mean) / (std + 1e-6) if mask[b, t] else 0.0 for t, x in enumerate(row)] for b, row in enumerate(expected)]
+    assert torch.allclose(batch["advantages"], torch.tensor(expected, dtype=torch.float64), atol=TOL)
+    assert torch.allclose(batch["returns"], torch.tensor(returns, dtype=torch.float64), atol=TOL)
+    assert "rewards" not in batch
