@@ -29,6 +29,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"run.train_ranks={run.train_ranks}: this machine has {torch.cuda.device_count()} GPU(s)")
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
+    if isinstance(config, RLConfig) and torch.cuda.is_available():
+        _check_gpu_placement(config)
     if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
 
@@ -42,6 +44,18 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if config.lora.enabled:
         _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
     return model_path
+
+
+def _check_gpu_placement(config: RLConfig) -> None:
+    """Trainer ranks and vLLM engines get a GPU each, or share them half and half (colocated) when there are too few."""
+    gpus, rollout = torch.cuda.device_count(), config.rollout
+    if config.run.train_ranks + rollout.engines * rollout.tensor_parallel_size <= gpus:
+        return
+    if rollout.tensor_parallel_size > 1 or rollout.engines > gpus:
+        raise OxrlError(
+            f"rollout.engines={rollout.engines} x rollout.tensor_parallel_size={rollout.tensor_parallel_size} and "
+            f"run.train_ranks={config.run.train_ranks} need more than this machine's {gpus} GPU(s); sharing GPUs "
+            f"(colocated) needs tensor_parallel_size 1 and at most one engine per GPU")
 
 
 def _check_data_file(key: str, path: Path) -> None:

@@ -29,6 +29,7 @@ class ModelSection(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Training dtype; `auto` is bfloat16 on GPU and float32 on CPU.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel passed to transformers.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    compile: bool = Field(False, description="Compile the training model with torch.compile (inductor): faster steps after a one-off compile per input shape.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
 
 

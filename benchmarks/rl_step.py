@@ -1,0 +1,174 @@
+"""One RL step on a GPU, phase by phase: a benchmark, never a test.
+
+A random-weight model of Qwen2.5-0.5B's shape (494M parameters) is built locally;
+64 prompts of 128 tokens x 8 samples x 512 new tokens go through `train_rl`, the
+same loop as `oxrl train rl`. Reported for the last step: time and tokens/s of
+each phase (generate, reward, trainer logprobs, train, refresh), the training
+phase's MFU against the H100's 989 TFLOP/s dense bf16 peak, peak GPU memory;
+then standalone vLLM (the same engine class, no Ray, no trainer) generates the
+same batch, for the rollout phase's share of standalone throughput.
+
+    python benchmarks/rl_step.py --out results/ [KEY=VALUE ...]    # overrides as for `oxrl train rl`
+"""
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from rich.console import Console
+
+from oxrl_core.config import load_rl_config
+from oxrl_core.loops.rl import train_rl
+from oxrl_core.models.tiny import build_tiny_model
+
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16
+PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
+QWEN25_05B_SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def build_model(folder: Path) -> Path:
+    """Random weights in Qwen2.5-0.5B's shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    if (folder / "model.safetensors").is_file():
+        return folder
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / "oxrl-tiny"))
+    torch.manual_seed(0)
+    config = Qwen2Config(**QWEN25_05B_SHAPE, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_prompts(model: Path, path: Path) -> Path:
+    """PROMPTS records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    length = lambda text: len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"])
+    records = []
+    for i in range(PROMPTS):
+        text = f"Problem {i}: what is {i} + {i}?"
+        while length(text) < PROMPT_TOKENS:
+            text += f" {(i * 7 + len(text)) % 10}"
+        while length(text) > PROMPT_TOKENS:
+            text = text[:-1]
+        records.append({"prompt": text, "answer": str(2 * i)})
+    assert {length(r["prompt"]) for r in records} == {PROMPT_TOKENS}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+class PeakGpuMemory:
+    """Device-wide memory in use (every process: vLLM and the trainer), sampled through NVML."""
+
+    def __enter__(self):
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle, self.peak_gb, self._stop = pynvml.nvmlDeviceGetHandleByIndex(0), 0.0, threading.Event()
+
+        def sample():
+            while not self._stop.wait(0.05):
+                self.peak_gb = max(self.peak_gb, pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def standalone_generate(model: Path, prompts: Path, config) -> dict:
+    """The rollout engine alone, in this process, on the same prompts and settings; the second run is timed."""
+    from transformers import AutoTokenizer
+
+    from oxrl_core.rollout.engine import RolloutEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
+                                         add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()]
+    r = config.rollout
+    engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, 1, r.gpu_memory_utilization, 0)
+    for _ in range(2):
+        start = time.perf_counter()
+        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, r.max_tokens, list(range(len(ids))))
+        seconds = time.perf_counter() - start
+    tokens = sum(len(x.response_ids) for x in rollouts)
+    return {"standalone_generate_s": seconds, "standalone_tokens_per_s": tokens / seconds}
+
+
+def prepare(out: Path, steps: int) -> tuple[Path, Path, Path]:
+    """The model, the prompts and the run's config (`rl_step.yaml`) under `out`."""
+    model = build_model(out / "qwen2.5-0.5b-shape")
+    prompts = write_prompts(model, out / "prompts.jsonl")
+    config_path = out / "rl_step.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "model": {"name_or_path": str(model), "dtype": "bfloat16"},
+        "data": {"train": [{"path": str(prompts)}]},
+        "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant",
+                  "batch_size": PROMPTS * SAMPLES, "micro_batch_size": 16, "grad_accum": PROMPTS * SAMPLES // 16},
+        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS, "max_prompt_len": PROMPT_TOKENS,
+                    "gpu_memory_utilization": 0.4},
+        "reward": {"func": "math"},
+        "deepspeed": {"zero_stage": 1},
+        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": 1},
+    }))
+    return model, prompts, config_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3, help="RL steps; the last is reported (the first warms up)")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model, prompts, config_path = prepare(args.out, args.steps)
+    config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
+    with PeakGpuMemory() as memory:
+        summary = train_rl(config, model_path, resume=False, console=Console())
+    step = summary["history"][-1]
+    result = {"device": torch.cuda.get_device_name(0), "overrides": args.overrides, **step,
+              "peak_gpu_memory_gb": memory.peak_gb}
+    result |= standalone_generate(model, prompts, config)
+
+    n_params = sum(t.numel() for t in _safetensors(model).values())
+    tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])
+    phases = ("generate", "reward", "logprobs", "train", "refresh")
+    step_s = sum(step[f"time_{p}_s"] for p in phases)
+    result |= {
+        "params": n_params, "train_tokens": tokens, "step_s": step_s,
+        "train_tokens_per_s": tokens / step["time_train_s"],
+        "train_mfu": 6 * n_params * tokens / step["time_train_s"] / PEAK_FLOPS,
+        "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / PEAK_FLOPS,
+        "training_phase_mfu": 8 * n_params * tokens / (step["time_train_s"] + step["time_logprobs_s"]) / PEAK_FLOPS,
+        "refresh_share": step["time_refresh_s"] / step_s,
+        "rollout_vs_standalone": step["generate_tokens_per_s"] / result["standalone_tokens_per_s"],
+    }
+    (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
+    console = Console()
+    for p in phases:
+        console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
+    for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
+                "train_mfu", "logprobs_mfu", "training_phase_mfu", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+        value = result.get(key, float("nan"))
+        console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
+
+
+def _safetensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+if __name__ == "__main__":
+    main()
