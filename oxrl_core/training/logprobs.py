@@ -12,14 +12,16 @@ from torch.utils.checkpoint import checkpoint
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """logits [B, T, V], input_ids [B, T] -> [B, T-1] with out[b, t] = log p(x[b, t+1] | x[b, :t+1]),
     p the softmax of logits / temperature (the distribution vLLM sampled from)."""
-    return torch.stack([_per_row(_row_logprobs, logits[b, :-1], input_ids[b, 1:], temperature) for b in range(len(logits))])
+    return torch.stack([_per_row(_row_logprobs, row[:-1], ids[1:], temperature) for row, ids in zip(logits.unbind(), input_ids)])
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """logits [B, T, V] -> [B, T-1]: entropy of the next-token distribution at each predicting position."""
-    return torch.stack([_per_row(_row_entropy, logits[b, :-1], temperature) for b in range(len(logits))])
+    return torch.stack([_per_row(_row_entropy, row[:-1], temperature) for row in logits.unbind()])
 
 
+# Rows come from `unbind`, whose backward stacks the rows' gradients once; indexing `logits[b]` instead
+# would give every row a zero-filled gradient of the whole [B, T, V] tensor (measured: 4.5x slower).
 def _per_row(fn, *args):
     if torch.is_grad_enabled() and args[0].requires_grad:
         return checkpoint(fn, *args, use_reentrant=False)
