@@ -10,9 +10,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, vllm, deepspeed, ray, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tee "$OUT/versions.txt"
 
 echo "== benchmark: one RL step, phase by phase"
-timeout 420 python3 benchmarks/rl_step.py --out "$WORK" --steps 3 "$@" > "$OUT/bench.log" 2>&1
+timeout 300 python3 benchmarks/rl_step.py --out "$WORK" --steps 2 "$@" > "$OUT/bench.log" 2>&1
 echo "rc=$?"; tail -n 25 "$OUT/bench.log"; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
 cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
+
+echo "== the training phase alone: the logprobs op, and micro-batch 16 against 32"
+timeout 130 python3 benchmarks/train_phase.py --out "$WORK" base "train.micro_batch_size=32 train.grad_accum=16" > "$OUT/train_phase.log" 2>&1
+echo "rc=$?"; grep '^{' "$OUT/train_phase.log"; cp "$WORK/train_phase.json" "$OUT/" 2>/dev/null
 
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 150 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
@@ -20,6 +24,6 @@ timeout 150 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$W
 echo "rc=$?"; tail -n 8 "$OUT/sft.log"
 
 echo "== oxrl train rl --alg cispo (colocated vLLM + DeepSpeed on one GPU)"
-timeout 200 oxrl train rl --alg cispo --config "$WORK/rl_step.yaml" train.steps=2 rollout.max_tokens=64 \
+timeout 120 oxrl train rl --alg cispo --config "$WORK/rl_step.yaml" train.steps=1 \
   run.name=cli-cispo run.output_dir="$WORK/cli" > "$OUT/rl.log" 2>&1
 echo "rc=$?"; tail -n 8 "$OUT/rl.log"

@@ -4,7 +4,7 @@ The model and config of `rl_step.py` (built under --out when missing);
 synthetic rollouts of the same size (512 sequences of 128 + 512 tokens). Each
 variant is a set of config overrides; its train step (CISPO) and old-logprob pass
 are timed over 3 steps after 1 warm-up, through the same TrainGroup as the loop.
-Also times the logprobs op alone: per-row float32 (oxrl) against a full [B, T, V]
+Also times the logprobs op alone: oxrl's (per-row float32, written-out backward) against a full [B, T, V]
 float32 log-softmax (the naive baseline), forward + backward.
 
     python benchmarks/train_phase.py --out DIR "VARIANT" ["VARIANT" ...]   # VARIANT: "k=v k=v" or "base"
@@ -74,7 +74,7 @@ def logprobs_op(batch: int = 16) -> dict:
         return log_p.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
     out = {}
-    for name, fn in (("full_fp32_log_softmax", naive), ("per_row_checkpointed", lambda: token_logprobs(logits, ids))):
+    for name, fn in (("full_fp32_log_softmax", naive), ("oxrl_token_logprobs", lambda: token_logprobs(logits, ids))):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
