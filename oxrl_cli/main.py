@@ -6,6 +6,8 @@ import sys
 import typer
 from rich.console import Console
 
+from oxrl_cli.doctor import doctor
+from oxrl_cli.onboard import onboard
 from oxrl_cli.train import train_app
 from oxrl_core import __version__
 from oxrl_core.errors import OxrlError
@@ -40,9 +42,11 @@ def demo() -> None:
     render_demo(run_demo(Console()))
 
 
+app.command("doctor")(doctor)
+app.command("onboard")(onboard)
+
+
 NOT_BUILT = {
-    "doctor": ("Check the environment (Python, GPUs, CUDA, packages, Ray) before a run.", 7),
-    "onboard": ("Scout a model (hub id or folder) and write its registry entry and configs.", 7),
     "merge-lora": ("Merge a LoRA adapter into its base model.", 5),
     "preprocess": ("Convert datasets (GSM8K, MATH, preference, ...) into oxrl's format.", 5),
     "eval": ("Generate with vLLM, score, and report pass@k.", 5),

@@ -1,0 +1,196 @@
+"""Checks that start something real: Ray, DeepSpeed's op report, an all-reduce, one RL step.
+
+Each probe runs in a fresh Python process in its own process group, so a hang
+is killed whole at its timeout and a crash cannot take the doctor with it. The
+probe functions below run in that child; `Probe` runs them from the parent.
+"""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from oxrl_core.doctor.report import Check
+
+RESULT_MARK = "oxrl-probe-result: "  # engines print to stdout too; the result is the line with this mark
+SMOKE_TIMEOUT_S = 900  # one RL step starts Ray, DeepSpeed and vLLM: about a minute on 2 CPU cores
+
+
+class Probe:
+    """`probes.<function>(*args)` running in a child Python; `result()` waits for it until the deadline."""
+
+    def __init__(self, function: str, args: list, timeout: float):
+        code = f"from oxrl_core.doctor.probes import run_in_child; run_in_child({function!r})"
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.process = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def result(self) -> dict:
+        """The probe's returned dict, or `{"error": ...}` when it raised, crashed or ran past its deadline."""
+        try:
+            stdout, stderr = self.process.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            return {"error": f"no answer within {self.timeout:g} s"}
+        for line in reversed(stdout.splitlines()):
+            if line.startswith(RESULT_MARK):
+                return json.loads(line.removeprefix(RESULT_MARK))
+        last = stderr.strip().splitlines()[-1:] or [f"exit code {self.process.returncode}"]
+        return {"error": f"crashed: {last[0]}"}
+
+
+def run_in_child(function: str) -> None:
+    """Entry point of the process a `Probe` starts: call the named probe with the JSON args in argv, print its
+    result, then end the probe's process group at once, as a timeout does. A local Ray cluster started there
+    is in that group and ends with it, a second sooner than through ray.shutdown()."""
+    try:
+        result = globals()[function](*json.loads(sys.argv[1]))
+    except Exception as e:
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    print(RESULT_MARK + json.dumps(result), flush=True)
+    os.killpg(os.getpid(), signal.SIGKILL)  # the group this process leads (Probe starts it so); no other
+
+
+# -- Ray --------------------------------------------------------------------------
+
+
+def ray_start() -> dict:
+    """Join `RAY_ADDRESS`, or start a one-CPU local cluster (it ends with the probe's process group)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                 object_store_memory=80 * 1024**2)  # Ray's minimum: the probe stores nothing
+    resources = ray.cluster_resources()
+    return {"address": address or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
+
+
+def ray_check(result: dict) -> Check:
+    if "error" in result:
+        where = f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
+        return Check(name="ray cluster", status="fail", finding=f"{where} did not start: {result['error']}",
+                     fix="check `ray status` (for RAY_ADDRESS) or the logs in /tmp/ray/session_latest/logs; "
+                         "stale clusters: `ray stop --force`")
+    joined = "joined " + result["address"] if result["address"] != "local" else "a local cluster started"
+    return Check(name="ray cluster", status="ok", finding=f"{joined}: {result['cpus']:g} CPUs, {result['gpus']:g} GPUs")
+
+
+# -- DeepSpeed ----------------------------------------------------------------------
+
+
+def deepspeed_report() -> dict:
+    """The accelerator DeepSpeed picked and which of its ops can be built here, as `ds_report` shows them."""
+    sys.modules["mlflow"] = None  # DeepSpeed's autotuner imports mlflow when it can (2 s of CPU); the report needs none of it
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    ops = {name: bool(builder.is_compatible(verbose=False)) for name, builder in ALL_OPS.items()
+           if name != "deepspeed_not_implemented"}
+    return {"accelerator": get_accelerator().device_name(), "ops": ops}
+
+
+def deepspeed_check(result: dict, has_gpu: bool) -> Check:
+    if "error" in result:
+        return Check(name="deepspeed accelerator", status="fail", finding=f"deepspeed does not load: {result['error']}",
+                     fix="run `ds_report` for details; reinstall with `pip install --force-reinstall deepspeed`")
+    ops = result["ops"]
+    compatible = [name for name, ok in ops.items() if ok]
+    finding = f"{result['accelerator']}; ops buildable: {len(compatible)}/{len(ops)}"
+    if len(compatible) < len(ops):
+        finding += f" (not: {', '.join(name for name, ok in ops.items() if not ok)})"
+    expected = "cuda" if has_gpu else "cpu"
+    if result["accelerator"] != expected:
+        return Check(name="deepspeed accelerator", status="fail",
+                     finding=f"{finding}; this machine needs the {expected} accelerator",
+                     fix=f"set DS_ACCELERATOR={expected} (or unset it)")
+    return Check(name="deepspeed accelerator", status="ok", finding=finding)
+
+
+# -- all-reduce (--deep) ------------------------------------------------------------------
+
+
+def all_reduce(backend: str) -> dict:
+    """Two processes sum their rank + 1 with torch.distributed: the result must be 3 on both."""
+    import torch.multiprocessing
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    torch.multiprocessing.spawn(_all_reduce_rank, args=(backend, port), nprocs=2)
+    return {"backend": backend, "seconds": time.perf_counter() - start}
+
+
+def _all_reduce_rank(rank: int, backend: str, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")  # NCCL: one GPU per rank
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        total = torch.tensor([rank + 1.0], device=device)
+        dist.all_reduce(total)
+        if total.item() != 3.0:
+            raise RuntimeError(f"rank {rank}: all-reduce gave {total.item()}, expected 3.0")
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce_check(result: dict, backend: str) -> Check:
+    if "error" in result:
+        hint = ("rerun with NCCL_DEBUG=INFO; check /dev/shm and try NCCL_P2P_DISABLE=1" if backend == "nccl"
+                else "check that 127.0.0.1 is reachable; set GLOO_SOCKET_IFNAME=lo")
+        return Check(name="all-reduce", status="fail", finding=f"2 processes, {backend}: {result['error']}", fix=hint)
+    return Check(name="all-reduce", status="ok", finding=f"2 processes, {backend}: right sum in {result['seconds']:.1f} s")
+
+
+# -- one RL step (--smoke) ------------------------------------------------------------------
+
+
+def rl_step() -> dict:
+    """One CISPO step on the built-in tiny model through the real loop: Ray, vLLM, the math reward, DeepSpeed."""
+    from rich.console import Console
+
+    from oxrl_core.config.checks import check_config
+    from oxrl_core.config.schema import RLConfig
+    from oxrl_core.loops.rl import train_rl
+    from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="oxrl-doctor-") as folder:
+        prompts = write_jsonl(arithmetic_problems(8, seed=0), Path(folder) / "prompts.jsonl")
+        config = RLConfig.model_validate({
+            "model": {"name_or_path": "oxrl-tiny"},
+            "data": {"train": [{"path": str(prompts)}]},
+            "train": {"alg": "cispo", "steps": 1, "batch_size": 8, "micro_batch_size": 8, "grad_accum": 1},
+            "rollout": {"n_samples": 4, "max_tokens": 8, "max_prompt_len": 64,
+                        "gpu_memory_utilization": 0.1},  # the tiny model needs little; on CPU this is a share of RAM
+            "run": {"name": "smoke", "output_dir": folder},
+        })
+        start = time.perf_counter()
+        summary = train_rl(config, check_config(config), resume=False, console=Console(stderr=True))
+        step = summary["history"][-1]
+        return {"seconds": time.perf_counter() - start, "reward_mean": step["reward_mean"], "policy_version": step["policy_version"]}
+
+
+def rl_step_check(result: dict) -> Check:
+    if "error" in result:
+        return Check(name="rl step", status="fail", finding=f"one CISPO step on oxrl-tiny failed: {result['error']}",
+                     fix="fix the failing check above it, or run `oxrl train rl --config examples/cispo_tiny.yaml train.steps=1` "
+                         "to see the whole error")
+    return Check(name="rl step", status="ok", finding=f"one CISPO step on oxrl-tiny (vLLM, reward, DeepSpeed, weight refresh) "
+                                                      f"in {result['seconds']:.0f} s, policy version {result['policy_version']}")

@@ -1,0 +1,69 @@
+"""`oxrl doctor` through the console script, with the real checks on this machine."""
+
+import json
+
+import jsonschema
+import pytest
+
+from oxrl_core.doctor.report import Report
+
+SCHEMA = Report.model_json_schema()
+
+
+def report_of(result) -> dict:
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def checks_of(report: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in report["checks"]}
+
+
+def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl):
+    result = oxrl("doctor", "--json", "--deep")
+    report = report_of(result)
+    assert result.returncode == (1 if report["status"] == "fail" else 0), result.stdout
+    checks = checks_of(report)
+    for name in ("python", "os", "cpu", "ram", "disk OXRL_DATA_DIR", "disk OXRL_CHECKPOINT_DIR", "/dev/shm", "nvcc",
+                 "torch", "transformers", "peft", "deepspeed", "vllm", "ray", "datasets", "mlflow", "huggingface",
+                 "deepspeed accelerator", "ray cluster", "all-reduce"):
+        assert name in checks, name
+    if "gpu" in checks:  # no NVIDIA GPU here: CPU mode, explained, not a failure
+        assert checks["gpu"]["status"] == "ok" and "CPU mode" in checks["gpu"]["finding"]
+    assert checks["ray cluster"]["status"] == "ok" and checks["all-reduce"]["status"] == "ok", checks
+
+
+def test_warnings_exit_0_unless_strict(oxrl, tmp_path):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("not a program")  # found but cannot run: a warning
+    env = {"CUDA_HOME": str(tmp_path)}
+    relaxed = oxrl("doctor", "--json", env=env)
+    report = report_of(relaxed)
+    assert checks_of(report)["nvcc"]["status"] == "warn" and report["status"] == "warn", relaxed.stdout
+    assert relaxed.returncode == 0
+    strict = oxrl("doctor", "--json", "--strict", env=env)
+    assert strict.returncode == 1 and report_of(strict)["status"] == "warn"
+
+
+def test_a_failing_check_exits_1_and_the_table_shows_its_fix(oxrl, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = oxrl("doctor", env={"OXRL_CHECKPOINT_DIR": str(blocker / "checkpoints"), "COLUMNS": "250"})
+    assert result.returncode == 1
+    assert "oxrl doctor: fail" in result.stdout
+    assert "point OXRL_CHECKPOINT_DIR at a writable folder" in result.stdout
+
+
+def test_bad_timeout_is_a_usage_error(oxrl):
+    result = oxrl("doctor", "--timeout", "0")
+    assert result.returncode == 2 and "--timeout" in result.stderr
+
+
+@pytest.mark.integration
+def test_smoke_runs_one_rl_step_through_the_real_stack(oxrl):
+    result = oxrl("doctor", "--smoke", "--json")
+    checks = checks_of(report_of(result))
+    assert checks["rl step"]["status"] == "ok", checks["rl step"]
+    assert "policy version 1" in checks["rl step"]["finding"]

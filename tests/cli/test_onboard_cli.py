@@ -1,0 +1,74 @@
+"""`oxrl onboard` through the console script: the report, the files it writes, its errors, --list, --verify."""
+
+import shutil
+import pytest
+import yaml
+
+from oxrl_core.registry.schema import SHIPPED_DIR, load_entry
+
+WIDE = {"COLUMNS": "250"}  # rich wraps table cells to the terminal's width
+
+
+def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_configs(oxrl, tiny_model_dir, tmp_path):
+    result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, env=WIDE)
+    assert result.returncode == 0, result.stderr
+    for row in ("Qwen2ForCausalLM (qwen2)", "causal-lm", "renders user/assistant with a generation prompt", "supports it",
+                "full fine-tuning", "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"):
+        assert row in result.stdout, row
+    entry = load_entry(tmp_path / f"local--{tiny_model_dir.name}.yaml")
+    assert entry.model == str(tiny_model_dir) and entry.status == "config-ready" and entry.recommended_mode == "full"
+    configs = tmp_path / f"local--{tiny_model_dir.name}"
+    for name, command in (("sft.yaml", "sl"), ("rl.yaml", "rl")):
+        check = oxrl("train", command, "--config", configs / name, "--dry-run")  # the full load: schema and checks
+        assert check.returncode == 0, check.stderr
+        assert yaml.safe_load(check.stdout)["model"]["name_or_path"] == str(tiny_model_dir)
+
+
+def test_a_model_without_chat_template_is_reported_then_refused_with_exit_2(oxrl, tiny_model_dir, tmp_path):
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    result = oxrl("onboard", model, "--out", tmp_path / "registry", env=WIDE)
+    assert result.returncode == 2
+    assert "Qwen2ForCausalLM" in result.stdout and "stop: no chat template" in result.stdout
+    # the last line: importing vLLM may log before it
+    assert result.stderr.splitlines()[-1].startswith(f"error: {model}: not onboarded: no chat template")
+    assert not (tmp_path / "registry").exists()
+
+
+def test_uncached_hub_id_offline_is_one_line_exit_2(oxrl, tmp_path):
+    result = oxrl("onboard", "not-an-org/not-cached", "--out", tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: not-an-org/not-cached: not in the Hugging Face cache")
+
+
+def test_onboard_without_a_model_says_what_to_give(oxrl):
+    result = oxrl("onboard")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: oxrl onboard: give a Hub id (org/name) or a model folder, or --list"
+
+
+def test_list_prints_every_shipped_model(oxrl, tmp_path):
+    result = oxrl("onboard", "--list", "--out", tmp_path, env=WIDE)
+    assert result.returncode == 0, result.stderr
+    shipped = [load_entry(path) for path in SHIPPED_DIR.glob("*.yaml")]
+    assert f"{len(shipped)} models" in result.stdout
+    for entry in shipped:
+        assert entry.model in result.stdout, entry.model
+
+
+@pytest.mark.integration
+def test_generated_sft_config_trains_one_step(oxrl, tiny_model_dir, tmp_path):
+    assert oxrl("onboard", tiny_model_dir, "--out", tmp_path).returncode == 0
+    config = tmp_path / f"local--{tiny_model_dir.name}" / "sft.yaml"
+    result = oxrl("train", "sl", "--config", config, "train.steps=1", "data.val=null", f"run.output_dir={tmp_path / 'runs'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "runs" / f"{tiny_model_dir.name}-sft" / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+def test_verify_runs_an_sft_and_an_rl_step_and_records_it(oxrl, tiny_model_dir, tmp_path):
+    result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, "--verify")
+    assert result.returncode == 0, result.stderr[-3000:]
+    entry = load_entry(tmp_path / f"local--{tiny_model_dir.name}.yaml")
+    assert entry.status == "verified" and entry.verified_date is not None
+    assert set(entry.verified_versions) == {"oxrl", "torch", "transformers", "vllm", "deepspeed", "peft"}
