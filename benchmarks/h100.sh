@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Issue 6's GPU runs in one call on the lent H100, after the staged stack is installed
-# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md):
-# the RL-step benchmark, then `oxrl train sl` and `oxrl train rl` through the CLI on the same model.
+# Issue 6's GPU runs on the lent H100, after the staged stack is installed
+# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md).
+# Stages, each within one 10-minute device call:
+#   bash benchmarks/h100.sh bench [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py), with config overrides
+#   bash benchmarks/h100.sh phase                  # the training phase alone: the logprobs op, config variants
+#   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 # Logs and results go to $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}; WORK=/tmp/oxrl-gpu; mkdir -p "$OUT" "$WORK"
@@ -9,17 +12,26 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$OUT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, vllm, deepspeed, ray, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tee "$OUT/versions.txt"
 
-echo "== benchmark: one RL step, phase by phase"
-timeout 300 python3 benchmarks/rl_step.py --out "$WORK" --steps 2 "$@" > "$OUT/bench.log" 2>&1
-echo "rc=$?"; tail -n 25 "$OUT/bench.log"; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
-cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
+stage=${1:-}; shift || true
+if [ "$stage" = bench ]; then
+  echo "== benchmark: one RL step, phase by phase ($*)"
+  timeout 420 python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
+  echo "rc=$?"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
+  cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
+  exit 0
+fi
 
-echo "== the training phase alone: the logprobs op, and micro-batch 16 against 32"
-timeout 130 python3 benchmarks/train_phase.py --out "$WORK" base "train.micro_batch_size=32 train.grad_accum=16" > "$OUT/train_phase.log" 2>&1
-echo "rc=$?"; grep '^{' "$OUT/train_phase.log"; cp "$WORK/train_phase.json" "$OUT/" 2>/dev/null
+if [ "$stage" = phase ]; then
+  echo "== the training phase alone: the logprobs op; micro-batch 16 and 32, each with torch.compile"
+  timeout 400 python3 benchmarks/train_phase.py --out "$WORK" base "model.compile=true" \
+    "model.compile=true train.micro_batch_size=32 train.grad_accum=16" > "$OUT/train_phase.log" 2>&1
+  echo "rc=$?"; grep '^{' "$OUT/train_phase.log"; cp "$WORK/train_phase.json" "$OUT/" 2>/dev/null
+  exit 0
+fi
 
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | cli" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
-timeout 150 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
+timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1
 echo "rc=$?"; tail -n 8 "$OUT/sft.log"
 

@@ -2,17 +2,20 @@
 
 A random-weight model of Qwen2.5-0.5B's shape (494M parameters) is built locally;
 64 prompts of 128 tokens x 8 samples x 512 new tokens go through `train_rl`, the
-same loop as `oxrl train rl`. Reported for the last step: time and tokens/s of
+same loop as `oxrl train rl`. Reported, as the median over the steps after the
+first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
 phase's MFU against the H100's 989 TFLOP/s dense bf16 peak, peak GPU memory;
 then standalone vLLM (the same engine class, no Ray, no trainer) generates the
-same batch, for the rollout phase's share of standalone throughput.
+same batch three times (the median of the last two counts), for the rollout
+phase's share of standalone throughput.
 
     python benchmarks/rl_step.py --out results/ [KEY=VALUE ...]    # overrides as for `oxrl train rl`
 """
 
 import argparse
 import json
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -98,10 +101,12 @@ def standalone_generate(model: Path, prompts: Path, config) -> dict:
                                          add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()]
     r = config.rollout
     engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, 1, r.gpu_memory_utilization, 0)
-    for _ in range(2):
+    times = []
+    for _ in range(3):
         start = time.perf_counter()
         rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, r.max_tokens, list(range(len(ids))))
-        seconds = time.perf_counter() - start
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)
     return {"standalone_generate_s": seconds, "standalone_tokens_per_s": tokens / seconds}
 
@@ -128,7 +133,7 @@ def prepare(out: Path, steps: int) -> tuple[Path, Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=3, help="RL steps; the last is reported (the first warms up)")
+    parser.add_argument("--steps", type=int, default=4, help="RL steps; the median of all but the first is reported")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -136,9 +141,12 @@ def main() -> None:
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
     with PeakGpuMemory() as memory:
         summary = train_rl(config, model_path, resume=False, console=Console())
-    step = summary["history"][-1]
+    history = summary["history"]
+    timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
+    measured = history[1:] or history  # the first step compiles and allocates
+    step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     result = {"device": torch.cuda.get_device_name(0), "overrides": args.overrides, **step,
-              "peak_gpu_memory_gb": memory.peak_gb}
+              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= standalone_generate(model, prompts, config)
 
     n_params = sum(t.numel() for t in _safetensors(model).values())

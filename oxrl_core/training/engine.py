@@ -15,7 +15,7 @@ import torch
 from oxrl_core.algs.registry import BATCH_LOSSES
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
-from oxrl_core.training.logprobs import token_entropy, token_logprobs
+from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -179,12 +179,15 @@ class TrainEngine:
         model = model or self.engine
         output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         logits, values = output if isinstance(output, tuple) else (output.logits, None)
-        outputs = {"logprobs": token_logprobs(logits, batch["input_ids"], temperature)}
+        if entropy == "metric":  # from the logprobs' own softmax
+            logprobs, entropy_metric = token_logprobs_and_entropy_metric(logits, batch["input_ids"], temperature)
+            outputs = {"logprobs": logprobs, "entropy": entropy_metric}
+        else:
+            outputs = {"logprobs": token_logprobs(logits, batch["input_ids"], temperature)}
+        if entropy == "grad":  # a second full-vocabulary softmax, differentiable
+            outputs["entropy"] = token_entropy(logits, temperature)
         if values is not None:
             outputs["values"] = values[:, :-1]
-        if entropy:  # a full-vocabulary softmax
-            with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-                outputs["entropy"] = token_entropy(logits, temperature)
         return outputs
 
     # -- checkpoints ------------------------------------------------------------

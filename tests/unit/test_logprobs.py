@@ -1,8 +1,8 @@
-"""Per-row float32 logprobs and entropies (checkpointed) against a float64 full-vocabulary reference, values and gradients."""
+"""Per-row float32 logprobs and entropies against a float64 full-vocabulary reference, values and gradients."""
 
 import torch
 
-from oxrl_core.training.logprobs import token_entropy, token_logprobs
+from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
 
 
 def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,5 +22,22 @@ def test_logprobs_and_entropy_match_the_full_softmax_with_their_gradients():
         ref = logits.double().requires_grad_()
         ref_lp, ref_h = reference(ref, ids, temperature)
         ((ref_lp * weights_lp.double()).sum() + (ref_h * weights_h.double()).sum()).backward()
+        assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(h.double(), ref_h, atol=1e-5)
+        assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-5)
+
+
+def test_entropy_metric_from_the_logprobs_softmax_matches_and_leaves_the_logprob_gradient_alone():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 7, 40, generator=g) * 2
+    ids = torch.randint(0, 40, (2, 7), generator=g)
+    weights = torch.randn(2, 6, generator=g)
+    for temperature in (1.0, 0.6):
+        mine = logits.clone().requires_grad_()
+        lp, h = token_logprobs_and_entropy_metric(mine, ids, temperature)
+        assert not h.requires_grad
+        (lp * weights).sum().backward()
+        ref = logits.double().requires_grad_()
+        ref_lp, ref_h = reference(ref, ids, temperature)
+        (ref_lp * weights.double()).sum().backward()
         assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(h.double(), ref_h, atol=1e-5)
         assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-5)
