@@ -6,7 +6,6 @@ probe functions below run in that child; `Probe` runs them from the parent.
 """
 
 import json
-import logging
 import os
 import signal
 import socket
@@ -63,19 +62,15 @@ def run_in_child(function: str) -> None:
 
 
 def ray_start() -> dict:
-    """Join `RAY_ADDRESS`, or start a one-CPU local cluster (it ends with the probe's process group)."""
+    """Start Ray the way every run does: join `RAY_ADDRESS`, else a local cluster (of one CPU: it only has to start;
+    it ends with the probe's process group)."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 object_store_memory=80 * 1024**2)  # Ray's minimum: the probe stores nothing
+    from oxrl_core.training.group import start_ray
+
+    start_ray(num_cpus=1)
     resources = ray.cluster_resources()
-    return {"address": address or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
+    return {"address": os.environ.get("RAY_ADDRESS") or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
 
 
 def ray_check(result: dict) -> Check:

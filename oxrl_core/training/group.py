@@ -20,19 +20,24 @@ RAY_CALL_TIMEOUT_S = 3600
 
 
 @contextmanager
-def ray_cluster(temp_dir: Path | None = None):
-    """Join `RAY_ADDRESS` when set, else start a private local cluster; shut down what we started."""
+def ray_cluster():
+    """`start_ray`, and shut down what it started."""
+    start_ray()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def start_ray(num_cpus: int | None = None) -> None:
+    """Join `RAY_ADDRESS` when set, else start a private local cluster of `num_cpus` (default: all cores)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                  object_store_memory=256 * 1024**2)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def colocated(config: SLConfig | RLConfig) -> bool:
