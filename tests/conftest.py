@@ -31,7 +31,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "oxrl-tiny")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def oxrl():
     """Run the installed `oxrl` console script; returns the CompletedProcess (text)."""
 

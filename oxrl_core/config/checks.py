@@ -43,7 +43,25 @@ def check_config(config: SLConfig | RLConfig) -> str:
     model_path = resolve_model(config.model.name_or_path)
     if config.lora.enabled:
         _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
+    if isinstance(config, SLConfig) and train.alg == "kd":
+        _check_teacher(train.teacher, model_path)
     return model_path
+
+
+def _check_teacher(teacher: str | None, student_path: str) -> None:
+    """KD compares the two models' distributions token by token: they must share one tokenizer."""
+    if teacher is None:
+        raise OxrlError("train.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. train.teacher=Qwen/Qwen2.5-7B-Instruct")
+    from transformers import AutoTokenizer
+
+    teacher_path = resolve_model(teacher)
+    student_vocab = AutoTokenizer.from_pretrained(student_path).get_vocab()
+    teacher_vocab = AutoTokenizer.from_pretrained(teacher_path).get_vocab()
+    if teacher_vocab != student_vocab:
+        differ = sorted(set(teacher_vocab.items()) ^ set(student_vocab.items()), key=lambda kv: kv[1])[:3]
+        raise OxrlError(
+            f"train.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
+            f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
 
 
 def _check_gpu_placement(config: RLConfig) -> None:

@@ -91,6 +91,18 @@ class TrainCommon(Section):
 class SLTrain(TrainCommon):
     alg: Literal[SL_ALGS] = Field("sft", description="Supervised algorithm (CLI: --alg).")
     eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Evaluate on `data.val` every N steps (0: only at the end).")
+    beta: PositiveFloat = Field(0.1, description="DPO, IPO, KTO, SPIN, Online DPO: inverse temperature of the implicit reward (larger: stay closer to the reference). SimPO: reward scale (its paper uses 2-10).")
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = Field(0.0, description="DPO: assumed share of flipped preference labels (conservative DPO).")
+    reference: Literal["precomputed", "model"] = Field("precomputed", description="DPO, IPO, KTO: reference logprobs computed once by the starting model before training (no second model in memory), or by a frozen reference model at every step. Online DPO always keeps the model; SPIN's reference is the model at the start of each iteration.")
+    simpo_gamma: Annotated[float, Field(ge=0)] = Field(0.5, description="SimPO: target reward margin.")
+    orpo_lambda: PositiveFloat = Field(0.1, description="ORPO: weight of the odds-ratio term against the chosen NLL.")
+    desirable_weight: PositiveFloat = Field(1.0, description="KTO: weight of desirable examples.")
+    undesirable_weight: PositiveFloat = Field(1.0, description="KTO: weight of undesirable examples.")
+    teacher: str | None = Field(None, description="KD: the teacher model (local folder or Hub id); its tokenizer must be the student's.")
+    kd_alpha: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="KD: weight of the data's cross-entropy; the teacher's KL gets 1 - kd_alpha.")
+    kd_temperature: PositiveFloat = Field(2.0, description="KD: softmax temperature of both teacher and student in the KL term.")
+    iterations: PositiveInt = Field(1, description="RFT, SPIN: generate-then-train rounds; `train.steps` is split evenly over them.")
+    rft_threshold: float = Field(1.0, description="RFT: keep sampled completions whose reward is at least this.")
 
 
 class RLTrain(TrainCommon):
@@ -137,6 +149,8 @@ class SLConfig(Section):
     lora: LoraSection = LoraSection()
     data: DataSection
     train: SLTrain = SLTrain()
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="RFT, SPIN, Online DPO: sampling from the policy with vLLM.")
+    reward: RewardSection = Field(default_factory=RewardSection, description="RFT, Online DPO: what scores the policy's samples.")
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     run: RunSection = Field(default_factory=RunSection)
 

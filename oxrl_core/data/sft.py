@@ -19,12 +19,28 @@ def tokenize_sft(messages: list[dict], tokenizer, max_len: int) -> SFTExample:
     to rendering the turns before it with the generation prompt: its content, the
     end-of-turn token and whatever the template puts after it (as TRL does).
     """
+    return _tokenize_trained_turns(messages, 0, tokenizer, max_len)
+
+
+def tokenize_completion(prompt: list[dict], completion: list[dict], tokenizer, max_len: int) -> SFTExample:
+    """Token ids of the templated `prompt + completion`, truncated to `max_len`; the mask marks only the
+    completion's assistant turns (assistant turns inside the prompt are context), each as in tokenize_sft.
+    """
+    if not prompt:
+        raise ValueError("empty prompt: no message before the completion")
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in completion):
+        raise ValueError("empty completion: no assistant message with content")
+    return _tokenize_trained_turns(prompt + completion, len(prompt), tokenizer, max_len)
+
+
+def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer, max_len: int) -> SFTExample:
+    """The templated conversation through its last trained turn: the assistant turns from `first_trained` on."""
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
     input_ids: list[int] = []
     target_mask: list[int] = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if i < first_trained or message["role"] != "assistant":
             continue
         before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True)
         through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)

@@ -81,15 +81,31 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             return sorted(rollouts, key=lambda r: r.group)
 
         def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
-            for r in rollouts:
-                response = tokenizer.decode(r.response_ids, skip_special_tokens=True)
+            """A reward with `score_batch` (a reward model) scores all rollouts in one call, a function each one."""
+            def report_error(e: Exception, response: str, sample: dict) -> None:  # a user's reward must not end the run
+                reward_errors.write(json.dumps({"step": step, "error": repr(e), "response": response, "sample": sample},
+                                               default=str) + "\n")
+                summary["reward_errors"] = summary.get("reward_errors", 0) + 1
+
+            responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
+            samples = [prompts[r.group].record for r in rollouts]
+            if hasattr(reward_fn, "score_batch"):
                 try:
-                    r.reward = float(reward_fn(response, prompts[r.group].record))
-                except Exception as e:  # a user's reward must not end the run: report it with the sample
+                    rewards = [float(x) for x in reward_fn.score_batch(responses, samples)]
+                    if len(rewards) != len(rollouts):
+                        raise ValueError(f"score_batch returned {len(rewards)} rewards for {len(rollouts)} responses")
+                except Exception as e:  # every sample of the call gets on_error; one line reports it, with the first
+                    rewards = [config.reward.on_error] * len(rollouts)
+                    report_error(e, responses[0], samples[0])
+                for r, reward in zip(rollouts, rewards):
+                    r.reward = reward
+                return
+            for r, response, sample in zip(rollouts, responses, samples):
+                try:
+                    r.reward = float(reward_fn(response, sample))
+                except Exception as e:
                     r.reward = config.reward.on_error
-                    reward_errors.write(json.dumps({"step": step, "error": repr(e), "response": response,
-                                                    "sample": prompts[r.group].record}, default=str) + "\n")
-                    summary["reward_errors"] = summary.get("reward_errors", 0) + 1
+                    report_error(e, response, sample)
 
         def evaluate() -> dict:
             """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1

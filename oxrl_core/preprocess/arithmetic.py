@@ -34,3 +34,30 @@ def write_jsonl(records: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def _wrong_answer(answer: str, rng: random.Random) -> str:
+    return str(int(answer) + rng.choice([-1, 1]) * rng.randint(1, 9))
+
+
+def preference_records(problems: list[dict], seed: int) -> list[dict]:
+    """prompt/chosen/rejected: the right answer in the `<answer>` format over a wrong number in plain words,
+    so a preference is easy to learn (a separable set for DPO-style methods and reward models)."""
+    rng = random.Random(seed)
+    return [{"prompt": p["prompt"], "chosen": f"<answer>{p['answer']}</answer>",
+             "rejected": f"I think it is {_wrong_answer(p['answer'], rng)}."} for p in problems]
+
+
+def unpaired_records(problems: list[dict], seed: int) -> list[dict]:
+    """KTO's prompt/completion/label: half desirable (the preference set's chosen answer), half not (its rejected)."""
+    rng = random.Random(seed)
+    records = []
+    for pair in preference_records(problems, seed):
+        desirable = rng.random() < 0.5
+        records.append({"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"], "label": desirable})
+    return records
+
+
+def text_records(problems: list[dict]) -> list[dict]:
+    """Raw text for continued pre-training: each problem stated with its answer."""
+    return [{"text": f"{p['prompt']} The answer is {p['answer']}."} for p in problems]

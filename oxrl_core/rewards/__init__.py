@@ -1,7 +1,9 @@
-"""Verifiable rewards, selected by name or `module:function`.
+"""Verifiable rewards, selected by name or `module:function`, and a trained reward model (`reward-model`).
 
 A reward is `fn(response: str, sample: dict, **kwargs) -> float`; `sample` is
-the prompt record (with its ground truth, e.g. `answer` or `tests`).
+the prompt record (with its ground truth, e.g. `answer` or `tests`). A reward
+object may also have `score_batch(responses, samples) -> list[float]`, which
+the RL loop then calls once per step instead.
 """
 
 import importlib
@@ -11,13 +13,18 @@ from functools import partial
 from oxrl_core.errors import OxrlError
 from oxrl_core.rewards.code import code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
+from oxrl_core.rewards.reward_model import RewardModel
 
 RewardFn = Callable[[str, dict], float]
 REWARDS: dict[str, RewardFn] = {"math": math_reward, "gsm8k": gsm8k_reward, "format": format_reward, "code": code_reward}
+REWARD_MODEL_KWARGS = ("path", "batch_size")
 
 
 def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
-    """A shipped reward by name, or any importable `module:function`; kwargs are bound now."""
+    """A shipped reward by name, or any importable `module:function`; kwargs are bound now.
+    `reward-model` loads the model now, so that a bad folder fails before any engine starts."""
+    if spec == "reward-model":
+        return _reward_model(kwargs)
     if spec in REWARDS:
         fn = REWARDS[spec]
     elif ":" in spec:
@@ -29,5 +36,16 @@ def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
         if not callable(fn):
             raise OxrlError(f"reward.func={spec!r}: not a function")
     else:
-        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join(REWARDS)}) and not module:function")
+        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model'])}) and not module:function")
     return partial(fn, **kwargs) if kwargs else fn
+
+
+def _reward_model(kwargs: dict) -> RewardModel:
+    unknown = sorted(set(kwargs) - set(REWARD_MODEL_KWARGS))
+    if unknown:
+        raise OxrlError(f"reward.kwargs: unknown {', '.join(unknown)} for reward.func=reward-model; "
+                        f"allowed: {', '.join(REWARD_MODEL_KWARGS)}")
+    if "path" not in kwargs:
+        raise OxrlError("reward.func=reward-model needs reward.kwargs.path: the folder of a reward model "
+                        "(`oxrl train sl --alg rm` makes one)")
+    return RewardModel(**kwargs)

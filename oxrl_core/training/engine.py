@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.algs.registry import BATCH_LOSSES
+from oxrl_core.algs.registry import BATCH_LOSSES, SL_ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
 
@@ -38,6 +39,15 @@ def deepspeed_config(config: SLConfig | RLConfig) -> dict:
     }
 
 
+def needs_reference_model(config: SLConfig | RLConfig) -> bool:
+    """Whether a frozen copy of the starting model runs beside the policy at every step. SPIN's reference
+    moves (the model at each iteration's start), so its logprobs are always computed ahead instead."""
+    if isinstance(config, RLConfig):
+        return config.train.kl_coeff > 0
+    alg = config.train.alg
+    return alg == "online-dpo" or (SL_ALGORITHMS[alg].reference and alg != "spin" and config.train.reference == "model")
+
+
 def model_dtype(config: SLConfig | RLConfig) -> torch.dtype:
     if config.model.dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
@@ -55,7 +65,7 @@ class TrainEngine:
             # Ranks share the cores; without this each takes them all and they thrash.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         import deepspeed
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
         from transformers.integrations import HfDeepSpeedConfig
 
         # The shared-memory all-reduce op compiles for a minute and training does not need it.
@@ -68,10 +78,18 @@ class TrainEngine:
         # Kept alive so from_pretrained builds ZeRO-3 models already partitioned.
         self._hf_ds_config = HfDeepSpeedConfig(ds_config) if self.zero3 else None
         torch.manual_seed(config.train.seed)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=model_dtype(config), attn_implementation=config.model.attn_implementation,
-            trust_remote_code=config.model.trust_remote_code,
-        )
+        load = dict(dtype=model_dtype(config), attn_implementation=config.model.attn_implementation,
+                    trust_remote_code=config.model.trust_remote_code)
+        # A reward model is the backbone with a scalar head, saved as a sequence classifier: it loads with
+        # AutoModelForSequenceClassification anywhere, which pools at the last non-pad token.
+        self.reward_model = isinstance(config, SLConfig) and config.train.alg == "rm"
+        if self.reward_model:
+            from oxrl_core.loops.run_folder import load_tokenizer
+
+            model = AutoModelForSequenceClassification.from_pretrained(
+                model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, **load)
         if config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
@@ -81,8 +99,10 @@ class TrainEngine:
             if config.model.gradient_checkpointing:
                 model.enable_input_require_grads()  # frozen embeddings would cut the checkpointed graph
             lora = config.lora
+            # SEQ_CLS also trains (and saves) the reward model's new scalar head in full
             model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                     target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+                                                     target_modules=lora.target_modules,
+                                                     task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
         self.critic = isinstance(config, RLConfig) and config.train.alg == "ppo"
         if self.critic:
             model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, model_dtype(config))
@@ -98,16 +118,18 @@ class TrainEngine:
         )
         if config.model.compile:
             self.engine.compile()
-        self.reference = None
-        if isinstance(config, RLConfig) and config.train.kl_coeff > 0:
-            # Frozen copy of the starting policy for the KL term; under ZeRO-3 it is sharded too.
-            reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=model_dtype(config),
-                                                             attn_implementation=config.model.attn_implementation,
-                                                             trust_remote_code=config.model.trust_remote_code).eval()
-            reference.requires_grad_(False)
+
+        def frozen(path: str):
+            """A model that only runs forwards; under ZeRO-3 it is sharded like the policy."""
+            model = AutoModelForCausalLM.from_pretrained(path, **load).eval()
+            model.requires_grad_(False)
             if self.zero3:
-                reference = deepspeed.initialize(model=reference, config=ds_config)[0]
-            self.reference = reference.to(self.engine.device)
+                model = deepspeed.initialize(model=model, config=ds_config)[0]
+            return model.to(self.engine.device)
+
+        # The starting policy, for a KL term or reference logprobs; KD's teacher.
+        self.reference = frozen(model_path) if needs_reference_model(config) else None
+        self.teacher = frozen(resolve_model(config.train.teacher)) if isinstance(config, SLConfig) and config.train.alg == "kd" else None
         torch.manual_seed(train.seed + rank)  # per-rank stream for dropout
 
     # -- training ---------------------------------------------------------------
@@ -145,15 +167,16 @@ class TrainEngine:
         return {"loss": loss_sum, **sums, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
 
     @torch.no_grad()
-    def eval_nll(self, micro_batches: list[dict]) -> dict:
+    def eval_metrics(self, micro_batches: list[dict], alg: str, loss_kwargs: dict) -> dict:
+        """The loss's metric sums over held-out micro-batches, without updating anything."""
         self.engine.eval()
-        nll_sum = tokens = 0.0
+        sums = {}
         for batch in micro_batches:
             batch = self._to_device(batch)
-            logprobs = self._forward(batch)["logprobs"]
-            nll_sum += -(logprobs * batch["response_mask"]).sum().item()
-            tokens += batch["response_mask"].sum().item()
-        return {"nll_sum": nll_sum, "tokens": tokens}
+            _, metrics = BATCH_LOSSES[alg](self._forward(batch), batch, **loss_kwargs)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+        return sums
 
     @torch.no_grad()
     def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
@@ -175,9 +198,12 @@ class TrainEngine:
     def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, model=None) -> dict:
         """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens; `values` (the critic's estimate
         of the state before each token) when the model has a value head; the policy's `entropy` at each
-        position when asked, with its gradient (`grad`) or as a metric (`metric`)."""
+        position when asked, with its gradient (`grad`) or as a metric (`metric`). KD adds both models'
+        `logits` [B, T-1, V]; a reward model gives only its `scores` [B]."""
         model = model or self.engine
         output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        if self.reward_model:
+            return {"scores": output.logits[:, 0]}  # [B]
         logits, values = output if isinstance(output, tuple) else (output.logits, None)
         if entropy == "metric":  # from the logprobs' own softmax
             logprobs, entropy_metric = token_logprobs_and_entropy_metric(logits, batch["input_ids"], temperature)
@@ -188,6 +214,13 @@ class TrainEngine:
             outputs["entropy"] = token_entropy(logits, temperature)
         if values is not None:
             outputs["values"] = values[:, :-1]
+        if self.teacher is not None and model is self.engine:  # KD: both full distributions, [B, T-1, V]
+            with torch.no_grad():
+                teacher_logits = self.teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                              use_cache=False).logits
+            # Same tokenizer (checked at load), but embedding tables may be padded to different sizes.
+            vocab = min(logits.shape[-1], teacher_logits.shape[-1])
+            outputs |= {"logits": logits[:, :-1, :vocab], "teacher_logits": teacher_logits[:, :-1, :vocab]}
         return outputs
 
     # -- checkpoints ------------------------------------------------------------

@@ -32,3 +32,26 @@ def test_shipped_example_data_is_the_generators_output():
     for name, n, seed in (("train", 512, 0), ("val", 64, 1)):
         shipped = (REPO / "examples" / "data" / f"arithmetic_sft_{name}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in shipped] == sft_records(arithmetic_problems(n, seed=seed))
+
+
+def test_shipped_preference_kto_and_text_data_are_the_generators_output():
+    from oxrl_core.preprocess.arithmetic import preference_records, text_records, unpaired_records
+
+    for name, n, seed in (("train", 256, 0), ("val", 64, 1)):
+        problems = arithmetic_problems(n, seed=seed)
+        for kind, records in (("pref", preference_records(problems, seed)), ("kto", unpaired_records(problems, seed)),
+                              ("text", text_records(problems))):
+            shipped = (REPO / "examples" / "data" / f"arithmetic_{kind}_{name}.jsonl").read_text().splitlines()
+            assert [json.loads(line) for line in shipped] == records
+
+
+def test_preference_sets_pair_the_right_answer_with_a_wrong_one_and_kto_has_both_labels():
+    from oxrl_core.preprocess.arithmetic import preference_records, unpaired_records
+
+    problems = arithmetic_problems(100, seed=4)
+    for p, pair in zip(problems, preference_records(problems, seed=4)):
+        assert pair["chosen"] == f"<answer>{p['answer']}</answer>"
+        wrong = int(re.fullmatch(r"I think it is (-?\d+)\.", pair["rejected"]).group(1))
+        assert wrong != int(p["answer"])
+    labels = [r["label"] for r in unpaired_records(problems, seed=4)]
+    assert 30 < sum(labels) < 70

@@ -117,7 +117,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 
 
 def test_unbuilt_algorithm_says_so(tmp_path, good):
-    assert "not built yet" in rejected(tmp_path, good, ["train.alg=dpo"])
+    assert "not built yet" in rejected(tmp_path, good, ["train.alg=spin"])
 
 
 def test_dotted_overrides_change_the_resolved_config(tmp_path, good):

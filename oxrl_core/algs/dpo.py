@@ -1,0 +1,38 @@
+"""DPO: Direct Preference Optimization (Rafailov et al. 2023, arXiv 2305.18290).
+
+With sequence logprob SUMS and h = (lp_c - ref_c) - (lp_r - ref_r), per pair
+
+    -(1 - ls) * log sigmoid(beta h) - ls * log sigmoid(-beta h)
+
+ls is the label smoothing of conservative DPO (cDPO, Mitchell 2023): each label is taken to be
+flipped with probability ls, so the loss stops rewarding ever larger margins. ls = 0 is the
+paper's loss. The implicit reward of a response is beta * (lp - ref).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def dpo_loss(
+    chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs under the policy
+    rejected_logps: torch.Tensor,  # [N]
+    ref_chosen_logps: torch.Tensor,  # [N] the same sums under the frozen reference
+    ref_rejected_logps: torch.Tensor,  # [N]
+    chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
+    rejected_lengths: torch.Tensor,  # [N]
+    *, beta: float, label_smoothing: float, num_pairs: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
+    # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold
+    reward_chosen = torch.where(valid, beta * (chosen_logps - ref_chosen_logps), 0.0)  # [N]
+    reward_rejected = torch.where(valid, beta * (rejected_logps - ref_rejected_logps), 0.0)  # [N]
+    margin = reward_chosen - reward_rejected  # [N] beta * h
+    per_pair = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)  # [N]
+    loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
+    return loss, {
+        "reward_chosen_sum": reward_chosen.sum().item(),
+        "reward_rejected_sum": reward_rejected.sum().item(),
+        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
+        "reward_margin_sum": margin.sum().item(),
+        "pairs": float(valid.sum()),
+    }

@@ -1,0 +1,39 @@
+"""IPO: Identity Preference Optimization (Azar et al. 2023, "A General Theoretical Paradigm to
+Understand Learning from Human Preferences", arXiv 2310.12036).
+
+With sequence logprob SUMS and h = (lp_c - ref_c) - (lp_r - ref_r), per pair
+
+    (h - 1 / (2 beta))^2
+
+a regression of the log-ratio margin onto a fixed target, so unlike DPO the margin cannot grow
+without bound. This follows the paper's formula; TRL instead length-normalises the logprobs
+(mean token logprob) for IPO. Rewards for the metrics are beta * (lp - ref), as in DPO.
+"""
+
+import torch
+
+
+def ipo_loss(
+    chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs under the policy
+    rejected_logps: torch.Tensor,  # [N]
+    ref_chosen_logps: torch.Tensor,  # [N] the same sums under the frozen reference
+    ref_rejected_logps: torch.Tensor,  # [N]
+    chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
+    rejected_lengths: torch.Tensor,  # [N]
+    *, beta: float, num_pairs: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
+    # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold
+    log_ratio_chosen = torch.where(valid, chosen_logps - ref_chosen_logps, 0.0)  # [N]
+    log_ratio_rejected = torch.where(valid, rejected_logps - ref_rejected_logps, 0.0)  # [N]
+    h = log_ratio_chosen - log_ratio_rejected  # [N]
+    per_pair = (h - 1 / (2 * beta)) ** 2  # [N]
+    loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
+    reward_chosen, reward_rejected = beta * log_ratio_chosen, beta * log_ratio_rejected  # [N] each
+    return loss, {
+        "reward_chosen_sum": reward_chosen.sum().item(),
+        "reward_rejected_sum": reward_rejected.sum().item(),
+        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
+        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
+        "pairs": float(valid.sum()),
+    }

@@ -1,0 +1,40 @@
+"""KTO: Kahneman-Tversky Optimization, from unpaired good/bad examples (Ethayarajh et al. 2024, arXiv 2402.01306).
+
+With ratio = lp - ref (sequence logprob sums) and the reference point z = max(0, KL estimate):
+
+    desirable:   w_D * (1 - sigmoid(beta (ratio - z)))
+    undesirable: w_U * (1 - sigmoid(beta (z - ratio)))
+
+The caller estimates the KL from mismatched prompt/completion pairs and passes it as a plain
+number, so z carries no gradient (as in the paper). 1 - sigmoid(x) is computed as sigmoid(-x).
+"""
+
+import torch
+
+
+def kto_loss(
+    logps: torch.Tensor,  # [N] sum of the response's token logprobs under the policy
+    ref_logps: torch.Tensor,  # [N] the same sum under the frozen reference
+    lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
+    desirable: torch.Tensor,  # [N] 1.0 for a desirable example, 0.0 for an undesirable one
+    *, kl_baseline: float, beta: float, desirable_weight: float, undesirable_weight: float, num_examples: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    valid = lengths > 0  # [N]
+    is_desirable = valid & (desirable > 0)  # [N]
+    is_undesirable = valid & (desirable == 0)  # [N]
+    z = max(0.0, float(kl_baseline))  # the KL is non-negative; a negative estimate is noise
+    # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold
+    ratio = torch.where(valid, logps - ref_logps, 0.0)  # [N]
+    per_example = torch.where(
+        is_desirable,
+        desirable_weight * torch.sigmoid(-beta * (ratio - z)),
+        undesirable_weight * torch.sigmoid(-beta * (z - ratio)),
+    )  # [N]
+    loss = torch.where(valid, per_example, 0.0).sum() / num_examples
+    reward = beta * ratio  # [N]
+    return loss, {
+        "reward_desirable_sum": torch.where(is_desirable, reward, 0.0).sum().item(),
+        "desirable": float(is_desirable.sum()),
+        "reward_undesirable_sum": torch.where(is_undesirable, reward, 0.0).sum().item(),
+        "undesirable": float(is_undesirable.sum()),
+    }

@@ -1,0 +1,43 @@
+"""ORPO: Monolithic Preference Optimization without a reference model (Hong et al. 2024, arXiv 2403.07691).
+
+    loss = NLL(chosen) + lam * mean over pairs of -log sigmoid(log odds(c) - log odds(r))
+
+NLL is the token mean over the global batch's chosen tokens. odds(y) = P / (1 - P) with
+P = exp(m), m the response's mean token logprob, so log odds = m - log(1 - exp(m)), computed as
+m - log(-expm1(m)) to stay exact for m near 0. The rewards reported are lam * m, as TRL reports them.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def orpo_loss(
+    chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs
+    rejected_logps: torch.Tensor,  # [N]
+    chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
+    rejected_lengths: torch.Tensor,  # [N]
+    *, lam: float, num_pairs: float, num_chosen_tokens: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
+    # filler rows take m = -1, an arbitrary finite stand-in; torch.where gives them exactly zero gradient
+    mean_chosen = torch.where(valid, chosen_logps / chosen_lengths.clamp(min=1), -1.0)  # [N]
+    mean_rejected = torch.where(valid, rejected_logps / rejected_lengths.clamp(min=1), -1.0)  # [N]
+    # log(1 - P) is -inf at m = 0 (a response the model is certain of, in rounding): keep m just below 0
+    below_zero = -torch.finfo(mean_chosen.dtype).tiny
+    log_odds_chosen = mean_chosen - torch.log(-torch.expm1(mean_chosen.clamp(max=below_zero)))  # [N]
+    log_odds_rejected = mean_rejected - torch.log(-torch.expm1(mean_rejected.clamp(max=below_zero)))  # [N]
+    log_odds_ratio = torch.where(valid, log_odds_chosen - log_odds_rejected, 0.0)  # [N]
+    odds_ratio_loss = torch.where(valid, -F.logsigmoid(log_odds_ratio), 0.0).sum() / num_pairs
+    nll_sum = -torch.where(valid, chosen_logps, 0.0).sum()
+    loss = nll_sum / num_chosen_tokens + lam * odds_ratio_loss
+    reward_chosen = torch.where(valid, lam * mean_chosen, 0.0)  # [N]
+    reward_rejected = torch.where(valid, lam * mean_rejected, 0.0)  # [N]
+    return loss, {
+        "reward_chosen_sum": reward_chosen.sum().item(),
+        "reward_rejected_sum": reward_rejected.sum().item(),
+        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
+        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
+        "nll_sum": nll_sum.item(),
+        "log_odds_ratio_sum": log_odds_ratio.sum().item(),
+        "pairs": float(valid.sum()),
+    }

@@ -1,0 +1,35 @@
+"""SimPO: Simple Preference Optimization with a reference-free reward (Meng et al. 2024, arXiv 2405.14734).
+
+The reward is the length-normalised logprob beta * lp / |y| (no reference model); per pair
+
+    -log sigmoid(beta lp_c / |c| - beta lp_r / |r| - gamma)
+
+gamma is the target reward margin in reward units, as in the paper's equation (TRL's
+`gamma_beta_ratio` is gamma / beta).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def simpo_loss(
+    chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs
+    rejected_logps: torch.Tensor,  # [N]
+    chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
+    rejected_lengths: torch.Tensor,  # [N]
+    *, beta: float, gamma: float, num_pairs: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
+    # clamp: filler rows divide by 1, not 0; torch.where then gives them exactly zero gradient
+    reward_chosen = torch.where(valid, beta * chosen_logps / chosen_lengths.clamp(min=1), 0.0)  # [N]
+    reward_rejected = torch.where(valid, beta * rejected_logps / rejected_lengths.clamp(min=1), 0.0)  # [N]
+    margin = reward_chosen - reward_rejected  # [N]
+    per_pair = -F.logsigmoid(margin - gamma)  # [N]
+    loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
+    return loss, {
+        "reward_chosen_sum": reward_chosen.sum().item(),
+        "reward_rejected_sum": reward_rejected.sum().item(),
+        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
+        "reward_margin_sum": margin.sum().item(),
+        "pairs": float(valid.sum()),
+    }
