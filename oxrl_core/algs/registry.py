@@ -30,7 +30,7 @@ Batch = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class SLAlgorithm:
-    data: Literal["conversations", "pairs", "unpaired", "text", "prompts"]  # what data.train holds
+    data: Literal["conversations", "pairs", "unpaired", "text", "prompts", "demonstrations"]  # what data.train holds
     loss: str  # the BATCH_LOSSES entry its training steps use
     reference: bool  # needs reference logprobs (of the starting model)
     generates: bool  # trains on the policy's own vLLM samples
@@ -47,9 +47,15 @@ SL_ALGORITHMS = {
     "rm": SLAlgorithm("pairs", "rm", reference=False, generates=False),
     "kto": SLAlgorithm("unpaired", "kto", reference=True, generates=False),
     "rft": SLAlgorithm("prompts", "sft", reference=False, generates=True),
-    "spin": SLAlgorithm("conversations", "dpo", reference=True, generates=True),
+    "spin": SLAlgorithm("demonstrations", "dpo", reference=True, generates=True),
     "online-dpo": SLAlgorithm("prompts", "dpo", reference=True, generates=True),
 }
+
+
+def uses_rollout(config) -> bool:
+    """Whether a run (SLConfig or RLConfig) samples from its policy with vLLM engines: RL, and RFT, SPIN, Online DPO."""
+    alg = config.train.alg
+    return alg not in SL_ALGORITHMS or SL_ALGORITHMS[alg].generates
 
 
 def _sequence_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 
-BUILT_SL_ALGS = ("sft", "cpt", "kd", "dpo", "ipo", "simpo", "orpo", "rm", "kto")
+BUILT_SL_ALGS = ("sft", "cpt", "kd", "dpo", "ipo", "simpo", "orpo", "rm", "kto", "rft", "spin", "online-dpo")
 
 
 def load_sl_config(path: Path | None, overrides: list[str]) -> tuple[SLConfig, str]:

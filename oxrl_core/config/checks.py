@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from oxrl_core.algs.registry import uses_rollout
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
@@ -29,8 +30,15 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"run.train_ranks={run.train_ranks}: this machine has {torch.cuda.device_count()} GPU(s)")
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
-    if isinstance(config, RLConfig) and torch.cuda.is_available():
+    if uses_rollout(config) and torch.cuda.is_available():
         _check_gpu_placement(config)
+    if isinstance(config, SLConfig) and train.alg in ("rft", "spin") and train.steps % train.iterations:
+        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); each iteration trains as many steps")
+    if isinstance(config, SLConfig) and train.alg == "spin" and config.data.val is not None:
+        raise OxrlError(f"data.val={str(config.data.val)!r}: SPIN has no held-out measure (its rejected answers are generated "
+                        f"during training); leave data.val unset")
+    if isinstance(config, SLConfig) and train.alg == "online-dpo" and config.rollout.n_samples < 2:
+        raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: Online DPO pairs the best and the worst of at least 2 samples per prompt")
     if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
 
@@ -64,7 +72,7 @@ def _check_teacher(teacher: str | None, student_path: str) -> None:
             f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
 
 
-def _check_gpu_placement(config: RLConfig) -> None:
+def _check_gpu_placement(config: SLConfig | RLConfig) -> None:
     """Trainer ranks and vLLM engines get a GPU each, or share them half and half (colocated) when there are too few."""
     gpus, rollout = torch.cuda.device_count(), config.rollout
     if config.run.train_ranks + rollout.engines * rollout.tensor_parallel_size <= gpus:

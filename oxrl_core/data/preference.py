@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.data.records import DataReport, _as_turns, check_messages, load_examples
-from oxrl_core.data.sft import SFTExample, collate_sft, tokenize_completion
+from oxrl_core.data.records import DataReport, _as_turns, check_messages, load_examples, sft_messages
+from oxrl_core.data.sft import SFTExample, chat_template_ids, collate_sft, tokenize_completion
 from oxrl_core.errors import OxrlError
 
 
@@ -199,3 +199,29 @@ def _split_shared_prompt(chosen, rejected) -> tuple[list[dict], list[dict], list
                          "that start with the same messages (the prompt)")
     prompt = chosen[:shared]
     return prompt, _completion_turns(chosen[shared:], "chosen"), _completion_turns(rejected[shared:], "rejected")
+
+
+@dataclass
+class Demonstration:
+    """SPIN: a prompt and its demonstrated answer (the chosen side); the rejected side is the policy's own."""
+
+    prompt_ids: list[int]  # the prompt with the generation prompt: what the policy continues
+    chosen: SFTExample  # prompt + the record's last assistant turn, mask on that turn
+
+
+def load_demonstrations(path, tokenizer, max_len: int, max_prompt_len: int, strict: bool) -> tuple[list[Demonstration], DataReport]:
+    """SFT records (`messages`, or `prompt` + `completion`) as SPIN's demonstrations: the last assistant message
+    is the answer, everything before it the prompt (later messages are not used)."""
+    if not tokenizer.chat_template:
+        raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; the records of {path} are rendered with it")
+
+    def convert(record: dict) -> Demonstration:
+        messages = sft_messages(record)
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        chosen = tokenize_completion(messages[:last], messages[last:last + 1], tokenizer, max_len)
+        prompt_ids = chat_template_ids(tokenizer, messages[:last], add_generation_prompt=True)
+        if len(prompt_ids) > max_prompt_len:
+            raise ValueError(f"prompt is {len(prompt_ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
+        return Demonstration(prompt_ids, chosen)
+
+    return load_examples(Path(path), convert, strict, "SPIN")

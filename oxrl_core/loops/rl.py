@@ -11,7 +11,6 @@ import json
 import time
 from contextlib import contextmanager
 
-import ray
 import torch
 from rich.console import Console
 
@@ -21,15 +20,14 @@ from oxrl_core.config.schema import RLConfig
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
-from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import crash_report
 from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data
-from oxrl_core.rewards import resolve_reward
-from oxrl_core.rollout.engine import Rollout, RolloutEngine
+from oxrl_core.rewards import resolve_reward, score_samples
+from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
-from oxrl_core.training.engine import model_dtype
-from oxrl_core.training.group import TrainGroup, colocated, ray_cluster
+from oxrl_core.training.group import TrainGroup, ray_cluster
 
 def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
@@ -65,47 +63,21 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
 
     with crash_report(run_dir, config_yaml), log, ray_cluster():
         group = TrainGroup(config, model_path, run_dir / "logs")
-        engines = _start_rollout_engines(config, model_path)
+        pool = RolloutPool(config, model_path)
 
         def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
-            """Prompts dealt round-robin to the engines; each prompt has its own seed, so a resumed run resamples alike."""
-            shares = [list(range(e, len(prompts), len(engines))) for e in range(len(engines))]
-            futures = [engine.generate.remote([prompts[i].prompt_ids for i in share], n, temperature, rollout_cfg.top_p,
-                                              rollout_cfg.max_tokens, [seed_base * 100_003 + i for i in share])
-                       for engine, share in zip(engines, shares) if share]
-            rollouts = []
-            for share, result in zip([s for s in shares if s], ray.get(futures)):
-                for r in result:
-                    r.group = share[r.group]
-                    rollouts.append(r)
-            return sorted(rollouts, key=lambda r: r.group)
+            return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
 
         def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
-            """A reward with `score_batch` (a reward model) scores all rollouts in one call, a function each one."""
-            def report_error(e: Exception, response: str, sample: dict) -> None:  # a user's reward must not end the run
-                reward_errors.write(json.dumps({"step": step, "error": repr(e), "response": response, "sample": sample},
-                                               default=str) + "\n")
-                summary["reward_errors"] = summary.get("reward_errors", 0) + 1
-
             responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
-            samples = [prompts[r.group].record for r in rollouts]
-            if hasattr(reward_fn, "score_batch"):
-                try:
-                    rewards = [float(x) for x in reward_fn.score_batch(responses, samples)]
-                    if len(rewards) != len(rollouts):
-                        raise ValueError(f"score_batch returned {len(rewards)} rewards for {len(rollouts)} responses")
-                except Exception as e:  # every sample of the call gets on_error; one line reports it, with the first
-                    rewards = [config.reward.on_error] * len(rollouts)
-                    report_error(e, responses[0], samples[0])
-                for r, reward in zip(rollouts, rewards):
-                    r.reward = reward
-                return
-            for r, response, sample in zip(rollouts, responses, samples):
-                try:
-                    r.reward = float(reward_fn(response, sample))
-                except Exception as e:
-                    r.reward = config.reward.on_error
-                    report_error(e, response, sample)
+            rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
+                                            config.reward.on_error)
+            for r, reward in zip(rollouts, rewards):
+                r.reward = reward
+            for error in errors:  # reported with the sample, the run goes on
+                reward_errors.write(json.dumps({"step": step, **error}, default=str) + "\n")
+            if errors:
+                summary["reward_errors"] = summary.get("reward_errors", 0) + len(errors)
 
         def evaluate() -> dict:
             """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
@@ -121,8 +93,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
         def refresh() -> None:
             nonlocal policy_version
             policy_version += 1
-            weights = group.call("named_weights", share_on_gpu=colocated(config))[0]  # gathered on rank 0
-            ray.get([e.load_weights.remote(weights, policy_version) for e in engines])
+            pool.refresh(group, policy_version)
 
         def save(step: int, final: bool) -> None:
             tag = f"step-{step}"
@@ -219,19 +190,6 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
     summary["wall_time_s"] = time.perf_counter() - start
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _start_rollout_engines(config: RLConfig, model_path: str) -> list:
-    r = config.rollout
-    dtype = str(model_dtype(config)).removeprefix("torch.")
-    if colocated(config):
-        actor = ray.remote(num_gpus=0.5, num_cpus=1)(RolloutEngine)
-    elif torch.cuda.is_available():
-        actor = ray.remote(num_gpus=r.tensor_parallel_size, num_cpus=1)(RolloutEngine)
-    else:
-        actor = ray.remote(num_cpus=0.01)(RolloutEngine)
-    return [actor.remote(model_path, dtype, r.max_prompt_len + r.max_tokens, r.tensor_parallel_size,
-                         r.gpu_memory_utilization, config.train.seed + i) for i in range(r.engines)]
 
 
 def _rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,

@@ -49,3 +49,26 @@ def _reward_model(kwargs: dict) -> RewardModel:
         raise OxrlError("reward.func=reward-model needs reward.kwargs.path: the folder of a reward model "
                         "(`oxrl train sl --alg rm` makes one)")
     return RewardModel(**kwargs)
+
+
+def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float) -> tuple[list[float], list[dict]]:
+    """Rewards of `responses` to their `samples`, and what went wrong: a user's reward must not end the run, so a
+    failure scores `on_error` and comes back as {error, response, sample}. A reward with `score_batch` (a reward
+    model) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`, one
+    error names the first); a function scores each one."""
+    if hasattr(reward_fn, "score_batch"):
+        try:
+            rewards = [float(x) for x in reward_fn.score_batch(responses, samples)]
+            if len(rewards) != len(responses):
+                raise ValueError(f"score_batch returned {len(rewards)} rewards for {len(responses)} responses")
+            return rewards, []
+        except Exception as e:
+            return [on_error] * len(responses), [{"error": repr(e), "response": responses[0], "sample": samples[0]}]
+    rewards, errors = [], []
+    for response, sample in zip(responses, samples):
+        try:
+            rewards.append(float(reward_fn(response, sample)))
+        except Exception as e:
+            rewards.append(on_error)
+            errors.append({"error": repr(e), "response": response, "sample": sample})
+    return rewards, errors

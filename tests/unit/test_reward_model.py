@@ -1,20 +1,12 @@
 """The reward-model reward: scores equal to a plain per-sample Hugging Face forward, the errors a user can
-cause, and the RL loop calling `score_batch` once per step."""
-
-import contextlib
-import io
-import json
-import types
-from functools import partial
+cause, and `score_samples` calling `score_batch` once for a whole step."""
 
 import pytest
 import torch
-from rich.console import Console
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from oxrl_core.config.schema import RLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.rewards import resolve_reward
+from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.reward_model import RewardModel
 
 SAMPLES = [{"prompt": "What is 2 + 3?", "answer": "5"},
@@ -106,53 +98,10 @@ def test_reward_model_mistakes_are_named_when_the_reward_is_resolved(rm_dir, tin
     assert "its tokenizer has no chat template" in error({"path": str(no_template)})
 
 
-class StopAfterScoring(Exception):
-    pass
+SCORED = ["<answer>1</answer>", "hm", "<answer>2</answer>"]
 
 
-def run_one_scoring(monkeypatch, tmp_path, tiny_model_dir, reward) -> list[float]:
-    """One step of `train_rl` up to the advantages, with fake Ray, engines, trainers and MLflow; the rewards it scored."""
-    from oxrl_core.loops import rl
-    from oxrl_core.rollout.engine import Rollout
-
-    class Engine:
-        class generate:
-            @staticmethod
-            def remote(prompt_ids, n, temperature, top_p, max_tokens, seeds):  # response k: the first k + 1 prompt tokens
-                return [Rollout(group, ids, ids[:k + 1], [-1.0] * (k + 1), "stop", policy_version=0)
-                        for group, ids in enumerate(prompt_ids) for k in range(n)]
-
-    class Log:
-        run_id = "fake"
-
-        def __init__(self, *args, **kwargs): ...
-        def __enter__(self): return self
-        def __exit__(self, *exc): ...
-
-    scored = []
-
-    def advantages(rewards, groups, std_norm):
-        scored.extend(rewards.tolist())
-        raise StopAfterScoring
-
-    monkeypatch.setattr(rl, "resolve_reward", lambda spec, kwargs: reward)
-    monkeypatch.setattr(rl, "ray_cluster", contextlib.nullcontext)
-    monkeypatch.setattr(rl, "ray", types.SimpleNamespace(get=lambda futures: futures))  # the fake engine returns results
-    monkeypatch.setattr(rl, "TrainGroup", lambda *args: None)
-    monkeypatch.setattr(rl, "_start_rollout_engines", lambda config, model_path: [Engine()])
-    monkeypatch.setattr(rl, "MlflowLog", Log)
-    monkeypatch.setattr(rl, "group_advantages", advantages)
-    monkeypatch.setattr(rl, "open", partial(open, buffering=1), raising=False)  # line-buffered: errors readable mid-run
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
-    config = RLConfig(data={"train": [{"path": data}]}, train={"batch_size": 6, "steps": 1},
-                      rollout={"n_samples": 2}, reward={"on_error": -7.0}, run={"output_dir": tmp_path, "name": "r"})
-    with pytest.raises(StopAfterScoring):
-        rl.train_rl(config, str(tiny_model_dir), resume=False, console=Console(file=io.StringIO()))
-    return scored
-
-
-def test_rl_loop_scores_a_step_with_one_score_batch_call(monkeypatch, tmp_path, tiny_model_dir):
+def test_a_batch_reward_is_called_once_for_all_samples():
     class CountingReward:
         def __init__(self):
             self.calls = []
@@ -165,34 +114,30 @@ def test_rl_loop_scores_a_step_with_one_score_batch_call(monkeypatch, tmp_path, 
             raise AssertionError("scored one sample at a time")
 
     reward = CountingReward()
-    scored = run_one_scoring(monkeypatch, tmp_path, tiny_model_dir, reward)
-    [(responses, samples)] = reward.calls
-    assert len(responses) == 6 and sorted(map(json.dumps, samples)) == sorted(map(json.dumps, SAMPLES * 2))
-    assert scored == [float(len(r)) for r in responses]
-    assert not (tmp_path / "r" / "reward_errors.jsonl").read_text()
+    samples = SAMPLES[:1] * 3
+    assert score_samples(reward, SCORED, samples, on_error=-7.0) == ([float(len(r)) for r in SCORED], [])
+    assert reward.calls == [(SCORED, samples)]
 
 
-def test_rl_loop_gives_every_sample_on_error_when_score_batch_raises_and_writes_one_line(monkeypatch, tmp_path, tiny_model_dir):
+def test_a_failing_batch_reward_gives_every_sample_on_error_and_one_error():
     class FailingReward:
         def score_batch(self, responses, samples):
             raise RuntimeError("reward model out of memory")
 
         def __call__(self, response, sample): ...
 
-    assert run_one_scoring(monkeypatch, tmp_path, tiny_model_dir, FailingReward()) == [-7.0] * 6
-    [line] = (tmp_path / "r" / "reward_errors.jsonl").read_text().splitlines()
-    error = json.loads(line)
-    assert error.keys() == {"step", "error", "response", "sample"} and error["step"] == 1
-    assert "reward model out of memory" in error["error"] and error["sample"] in SAMPLES
+    rewards, errors = score_samples(FailingReward(), SCORED, SAMPLES[:1] * 3, on_error=-7.0)
+    assert rewards == [-7.0] * 3
+    [error] = errors
+    assert "reward model out of memory" in error["error"] and error["response"] == SCORED[0] and error["sample"] == SAMPLES[0]
 
 
-def test_rl_loop_scores_a_plain_function_per_sample_and_reports_each_failure(monkeypatch, tmp_path, tiny_model_dir):
+def test_a_plain_function_is_scored_per_sample_and_each_failure_reported():
     def reward(response, sample):
         if "answer" not in sample:
             raise KeyError("answer")
         return 1.0
 
-    scored = run_one_scoring(monkeypatch, tmp_path, tiny_model_dir, reward)
-    assert sorted(scored) == [-7.0] * 4 + [1.0] * 2
-    lines = [json.loads(line) for line in (tmp_path / "r" / "reward_errors.jsonl").read_text().splitlines()]
-    assert len(lines) == 4 and all("answer" not in e["sample"] and "KeyError" in e["error"] for e in lines)
+    rewards, errors = score_samples(reward, SCORED[:2], [{"answer": "1"}, {}], on_error=-7.0)
+    assert rewards == [1.0, -7.0]
+    assert errors == [{"error": "KeyError('answer')", "response": "hm", "sample": {}}]

@@ -1,0 +1,43 @@
+"""A run's vLLM engines as the loops use them: sample from all of them, refresh all of them from the trainer."""
+
+import ray
+import torch
+
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.rollout.engine import Rollout, RolloutEngine
+from oxrl_core.training.engine import model_dtype
+from oxrl_core.training.group import TrainGroup, colocated
+
+
+class RolloutPool:
+    def __init__(self, config: SLConfig | RLConfig, model_path: str):
+        r, self.config = config.rollout, config
+        if colocated(config):
+            actor = ray.remote(num_gpus=0.5, num_cpus=1)(RolloutEngine)
+        elif torch.cuda.is_available():
+            actor = ray.remote(num_gpus=r.tensor_parallel_size, num_cpus=1)(RolloutEngine)
+        else:
+            actor = ray.remote(num_cpus=0.01)(RolloutEngine)
+        dtype = str(model_dtype(config)).removeprefix("torch.")
+        self.engines = [actor.remote(model_path, dtype, r.max_prompt_len + r.max_tokens, r.tensor_parallel_size,
+                                     r.gpu_memory_utilization, config.train.seed + i) for i in range(r.engines)]
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int) -> list[Rollout]:
+        """`n` samples of each prompt, sorted by prompt (`Rollout.group`). Prompts are dealt round-robin to the
+        engines; each prompt has its own seed, so a resumed run resamples alike."""
+        r = self.config.rollout
+        shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
+        futures = [engine.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
+                                          [seed_base * 100_003 + i for i in share])
+                   for engine, share in zip(self.engines, shares) if share]
+        rollouts = []
+        for share, result in zip([s for s in shares if s], ray.get(futures)):
+            for rollout in result:
+                rollout.group = share[rollout.group]
+                rollouts.append(rollout)
+        return sorted(rollouts, key=lambda x: x.group)
+
+    def refresh(self, group: TrainGroup, policy_version: int) -> None:
+        """Stream the trainer's current weights into every engine; their samples then carry `policy_version`."""
+        weights = group.call("named_weights", share_on_gpu=colocated(self.config))[0]  # gathered on rank 0
+        ray.get([e.load_weights.remote(weights, policy_version) for e in self.engines])
