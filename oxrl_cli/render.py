@@ -9,7 +9,8 @@ def render_sl_summary(summary: dict, console: Console) -> None:
     rows = [
         ("steps", f"{summary['first_step'] - 1} -> {summary['steps']}"),
         ("loss (first -> last step)", _pair(summary["first_loss"], summary["last_loss"])),
-        ("eval loss", _num(summary.get("eval_loss"))),
+        *((f"{key} (before -> after)", _pair(summary.get("eval_before", {}).get(key), value))
+          for key, value in summary.get("eval_after", {}).items()),
         ("skipped records", str(summary["skipped_records"])),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("model", summary["checkpoint"]),

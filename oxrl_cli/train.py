@@ -25,7 +25,7 @@ def sl(
     strict: bool = typer.Option(False, "--strict", help="Make a bad data record fatal instead of skipped and counted."),
     dry_run: bool = DRY_RUN,
 ) -> None:
-    """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO."""
+    """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
     from oxrl_cli.render import render_sl_summary
     from oxrl_core.loops.sl import train_sl
 

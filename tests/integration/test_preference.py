@@ -190,3 +190,23 @@ def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(o
     first, second = (torch.load(tmp_path / "spin" / f"iteration-{k}.pt", weights_only=False)[0] for k in (1, 2))
     assert [p.chosen.input_ids for p in first] == [p.chosen.input_ids for p in second]  # the demonstrations
     assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
+
+
+def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, tiny_model_dir, tmp_path):
+    """A resume must reuse the reference logprobs precomputed by the starting model, not recompute them."""
+    from safetensors.torch import load_file
+
+    common = ("lora.enabled=true", "lora.r=8", "train.lr=1e-2", "train.lr_scheduler=constant", "data.val=null")
+
+    def run(name, steps, *flags):
+        result = oxrl("train", "sl", "--config", "examples/kto_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                      f"run.output_dir={tmp_path}", f"run.name={name}", f"train.steps={steps}", *common, *flags)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    run("whole", 4)
+    run("split", 2)
+    run("split", 4, "--resume")
+    a, b = (load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("whole", "split"))
+    assert a.keys() == b.keys() and any(".lora_B." in k for k in a)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    assert max(b[k].abs().max().item() for k in b if ".lora_B." in k) > 0  # the adapter trained

@@ -116,8 +116,16 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
         load_config(SLConfig, path, [])
 
 
-def test_unbuilt_algorithm_says_so(tmp_path, good):
-    assert "not built yet" in rejected(tmp_path, good, ["train.alg=spin"])
+@pytest.mark.parametrize("overrides, expected", [
+    (["train.alg=kd"], ["train.teacher", "KD needs a teacher model"]),
+    (["train.alg=rft", "train.steps=5", "train.iterations=2"], ["train.steps=5", "multiple of train.iterations (2)"]),
+    (["train.alg=online-dpo", "rollout.n_samples=1"], ["rollout.n_samples=1", "at least 2 samples"]),
+    (["train.alg=spin", "data.val=VAL"], ["data.val=", "SPIN has no held-out measure"]),
+])
+def test_algorithm_specific_mistakes_are_caught_at_load(tmp_path, good, overrides, expected):
+    overrides = [o.replace("VAL", good["data"]["train"][0]["path"]) for o in overrides]
+    message = rejected(tmp_path, good, overrides)
+    assert all(part in message for part in expected), message
 
 
 def test_dotted_overrides_change_the_resolved_config(tmp_path, good):
