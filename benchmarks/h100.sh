@@ -3,7 +3,7 @@
 # (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md).
 # Stages, each within one 10-minute device call:
 #   bash benchmarks/h100.sh bench [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py), with config overrides
-#   bash benchmarks/h100.sh phase                  # the training phase alone: the logprobs op, config variants
+#   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 # Logs and results go to $OUT (default ./gpu-out).
 set -uo pipefail
@@ -22,9 +22,10 @@ if [ "$stage" = bench ]; then
 fi
 
 if [ "$stage" = phase ]; then
-  echo "== the training phase alone: the logprobs op; micro-batch 16 and 32, each with torch.compile"
-  timeout 400 python3 benchmarks/train_phase.py --out "$WORK" base "model.compile=true" \
-    "model.compile=true train.micro_batch_size=32 train.grad_accum=16" > "$OUT/train_phase.log" 2>&1
+  # default variants: the base config; torch.compile; and micro-batch 32. Or give your own, each one quoted argument.
+  [ $# -gt 0 ] || set -- base "model.compile=true" "model.compile=true train.micro_batch_size=32 train.grad_accum=16"
+  echo "== the training phase alone: the logprobs op, then the variants: $*"
+  timeout 540 python3 benchmarks/train_phase.py --out "$WORK" "$@" > "$OUT/train_phase.log" 2>&1
   echo "rc=$?"; grep '^{' "$OUT/train_phase.log"; cp "$WORK/train_phase.json" "$OUT/" 2>/dev/null
   exit 0
 fi

@@ -153,12 +153,17 @@ def main() -> None:
     tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])
     phases = ("generate", "reward", "logprobs", "train", "refresh")
     step_s = sum(step[f"time_{p}_s"] for p in phases)
+    # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
+    # forward, over the full (unmasked) T x T as PaLM does
+    attention = 4 * QWEN25_05B_SHAPE["num_hidden_layers"] * QWEN25_05B_SHAPE["hidden_size"] * (PROMPT_TOKENS + step["response_length"])
+    phase_s = step["time_train_s"] + step["time_logprobs_s"]
     result |= {
         "params": n_params, "train_tokens": tokens, "step_s": step_s,
         "train_tokens_per_s": tokens / step["time_train_s"],
         "train_mfu": 6 * n_params * tokens / step["time_train_s"] / PEAK_FLOPS,
         "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / PEAK_FLOPS,
-        "training_phase_mfu": 8 * n_params * tokens / (step["time_train_s"] + step["time_logprobs_s"]) / PEAK_FLOPS,
+        "training_phase_mfu": 8 * n_params * tokens / phase_s / PEAK_FLOPS,  # a forward (logprobs) + forward/backward
+        "training_phase_mfu_with_attention": 4 * (2 * n_params + attention) * tokens / phase_s / PEAK_FLOPS,
         "refresh_share": step["time_refresh_s"] / step_s,
         "rollout_vs_standalone": step["generate_tokens_per_s"] / result["standalone_tokens_per_s"],
     }
@@ -167,7 +172,7 @@ def main() -> None:
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
     for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
-                "train_mfu", "logprobs_mfu", "training_phase_mfu", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+                "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
         value = result.get(key, float("nan"))
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
 

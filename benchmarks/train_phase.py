@@ -41,7 +41,7 @@ def micro_batches(config) -> list[list[dict]]:
     return [batches[r * per_rank:(r + 1) * per_rank] for r in range(ranks)]
 
 
-def time_variant(config_path: Path, overrides: list[str], model_flops: float) -> dict:
+def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float) -> dict:
     config, model_path = load_rl_config(config_path, overrides)
     group = TrainGroup(config, model_path, config_path.parent / "train-phase-logs")
     per_rank = micro_batches(config)
@@ -61,6 +61,7 @@ def time_variant(config_path: Path, overrides: list[str], model_flops: float) ->
     train, logprobs = sum(train_s[1:]) / 2, sum(logprob_s[1:]) / 2  # after the warm-up step
     return {"overrides": overrides, "train_s": train, "logprobs_s": logprobs,
             "train_mfu": 3 * model_flops / train / PEAK_FLOPS, "logprobs_mfu": model_flops / logprobs / PEAK_FLOPS,
+            "train_mfu_with_attention": 3 * (model_flops + attention_flops) / train / PEAK_FLOPS,
             "peak_memory_gb": result.get("peak_memory_gb")}
 
 
@@ -99,13 +100,18 @@ def main() -> None:
 
     n_params = sum(t.numel() for t in load_file(args.out / "qwen2.5-0.5b-shape" / "model.safetensors").values())
     model_flops = 2 * n_params * SEQUENCES * (PROMPT + RESPONSE)  # one forward
+    # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L (H Q) T per token per
+    # forward, over the full (unmasked) T x T as PaLM does
+    model_config = json.loads((args.out / "qwen2.5-0.5b-shape" / "config.json").read_text())
+    seq = PROMPT + RESPONSE
+    attention_flops = 4 * model_config["num_hidden_layers"] * model_config["hidden_size"] * seq * SEQUENCES * seq
     results = {"logprobs_op": logprobs_op(), "variants": []}
     print(json.dumps(results["logprobs_op"]))
     with ray_cluster():
         for variant in args.variants:
             overrides = [] if variant == "base" else variant.split()
             try:
-                results["variants"].append(time_variant(config_path, overrides, model_flops))
+                results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops))
             except Exception as e:  # one failing variant (out of memory, say) must not lose the others
                 results["variants"].append({"overrides": overrides, "error": repr(e)[:500]})
             print(json.dumps(results["variants"][-1]), flush=True)
