@@ -75,6 +75,11 @@ def load_config(schema: type[Config], path: Path | None, overrides: list[str]) -
             raise OxrlError(f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}")
     for override in overrides:
         apply_override(tree, override)
+    return validate(schema, tree)
+
+
+def validate(schema: type[Config], tree: dict) -> Config:
+    """A config tree (sections of keys) checked against `schema`; every mistake named in one OxrlError."""
     try:
         return schema.model_validate(tree)
     except ValidationError as e:
