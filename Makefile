@@ -8,4 +8,4 @@ demo: install
 	.venv/bin/oxrl demo
 
 test: install
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25

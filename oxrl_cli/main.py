@@ -7,7 +7,10 @@ import typer
 from rich.console import Console
 
 from oxrl_cli.doctor import doctor
+from oxrl_cli.eval import eval_command
+from oxrl_cli.merge_lora import merge_lora
 from oxrl_cli.onboard import onboard
+from oxrl_cli.preprocess import preprocess
 from oxrl_cli.train import train_app
 from oxrl_core import __version__
 from oxrl_core.errors import OxrlError
@@ -44,26 +47,9 @@ def demo() -> None:
 
 app.command("doctor")(doctor)
 app.command("onboard")(onboard)
-
-
-NOT_BUILT = {
-    "merge-lora": ("Merge a LoRA adapter into its base model.", 5),
-    "preprocess": ("Convert datasets (GSM8K, MATH, preference, ...) into oxrl's format.", 5),
-    "eval": ("Generate with vLLM, score, and report pass@k.", 5),
-}
-
-
-def _not_built(name: str, issue: int):
-    def command(ctx: typer.Context) -> None:
-        err_console.print(f"oxrl {name}: not built yet (tracked in issue #{issue})")
-        raise typer.Exit(2)
-
-    return command
-
-
-for _name, (_help, _issue) in NOT_BUILT.items():
-    app.command(_name, help=f"{_help} [not built yet]",
-                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_not_built(_name, _issue))
+app.command("merge-lora")(merge_lora)
+app.command("eval")(eval_command)
+app.command("preprocess")(preprocess)
 
 
 def main() -> None:

@@ -152,10 +152,15 @@ def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, k
         except ValueError as e:
             problems.append(DataProblem(str(path), number, str(e)))
     problems.sort(key=lambda p: p.line)
+    check_problems(str(path), examples, problems, strict, kind)
+    return examples, DataReport(str(path), total, len(examples), problems)
+
+
+def check_problems(name: str, kept: list, problems: list, strict: bool, kind: str) -> None:
+    """OxrlError when a bad record must stop the run: any with `strict`, or all of them."""
     if strict and problems:
         raise OxrlError(f"{problems[0]} (--strict makes bad records fatal; {len(problems)} bad in all)")
-    if not examples:
+    if not kept:
         if not problems:
-            raise OxrlError(f"{path}: no records; the file is empty")
-        raise OxrlError(f"{path}: no usable {kind} record; all {len(problems)} are bad, the first: {problems[0]}")
-    return examples, DataReport(str(path), total, len(examples), problems)
+            raise OxrlError(f"{name}: no records; it is empty")
+        raise OxrlError(f"{name}: no usable {kind} record; all {len(problems)} are bad, the first: {problems[0]}")

@@ -5,8 +5,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oxrl_cli.main import NOT_BUILT
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -22,14 +20,6 @@ def test_help_lists_every_command(oxrl):
 def test_version(oxrl):
     result = oxrl("--version")
     assert result.returncode == 0 and result.stdout.strip() == "oxrl 0.1.0"
-
-
-@pytest.mark.parametrize("command, issue", [(name, issue) for name, (_, issue) in NOT_BUILT.items()])
-def test_unbuilt_command_exits_2_with_one_line(oxrl, command, issue):
-    result = oxrl(command, "some-arg", "--json")
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr.strip() == f"oxrl {command}: not built yet (tracked in issue #{issue})"
 
 
 def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path):

@@ -127,7 +127,7 @@ def test_unknown_extension_and_missing_file_are_errors(tmp_path):
 def test_an_empty_file_is_an_error(tmp_path, tokenizer):
     path = tmp_path / "d.jsonl"
     path.write_text("\n")
-    with pytest.raises(OxrlError, match="no records; the file is empty"):
+    with pytest.raises(OxrlError, match="no records; it is empty"):
         load_sft_examples(path, tokenizer, 64, strict=False)
 
 

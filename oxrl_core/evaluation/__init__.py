@@ -1,0 +1,1 @@
+"""`oxrl eval`: sampling with vLLM, scoring with a reward, pass@k."""
