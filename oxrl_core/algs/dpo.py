@@ -12,6 +12,8 @@ paper's loss. The implicit reward of a response is beta * (lp - ref).
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.pairs import pair_metrics
+
 
 def dpo_loss(
     chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs under the policy
@@ -29,10 +31,4 @@ def dpo_loss(
     margin = reward_chosen - reward_rejected  # [N] beta * h
     per_pair = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
-    return loss, {
-        "reward_chosen_sum": reward_chosen.sum().item(),
-        "reward_rejected_sum": reward_rejected.sum().item(),
-        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
-        "reward_margin_sum": margin.sum().item(),
-        "pairs": float(valid.sum()),
-    }
+    return loss, pair_metrics(reward_chosen, reward_rejected, valid)

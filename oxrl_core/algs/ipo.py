@@ -12,6 +12,8 @@ without bound. This follows the paper's formula; TRL instead length-normalises t
 
 import torch
 
+from oxrl_core.algs.pairs import pair_metrics
+
 
 def ipo_loss(
     chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs under the policy
@@ -30,10 +32,4 @@ def ipo_loss(
     per_pair = (h - 1 / (2 * beta)) ** 2  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
     reward_chosen, reward_rejected = beta * log_ratio_chosen, beta * log_ratio_rejected  # [N] each
-    return loss, {
-        "reward_chosen_sum": reward_chosen.sum().item(),
-        "reward_rejected_sum": reward_rejected.sum().item(),
-        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
-        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
-        "pairs": float(valid.sum()),
-    }
+    return loss, pair_metrics(reward_chosen, reward_rejected, valid)

@@ -10,6 +10,8 @@ m - log(-expm1(m)) to stay exact for m near 0. The rewards reported are lam * m,
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.pairs import pair_metrics
+
 
 def orpo_loss(
     chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs
@@ -32,12 +34,7 @@ def orpo_loss(
     loss = nll_sum / num_chosen_tokens + lam * odds_ratio_loss
     reward_chosen = torch.where(valid, lam * mean_chosen, 0.0)  # [N]
     reward_rejected = torch.where(valid, lam * mean_rejected, 0.0)  # [N]
-    return loss, {
-        "reward_chosen_sum": reward_chosen.sum().item(),
-        "reward_rejected_sum": reward_rejected.sum().item(),
-        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
-        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
+    return loss, pair_metrics(reward_chosen, reward_rejected, valid) | {
         "nll_sum": nll_sum.item(),
         "log_odds_ratio_sum": log_odds_ratio.sum().item(),
-        "pairs": float(valid.sum()),
     }

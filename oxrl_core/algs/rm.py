@@ -8,6 +8,8 @@ margin 0 is InstructGPT's loss. The scores are the rewards reported.
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.pairs import pair_metrics
+
 
 def rm_loss(
     chosen_scores: torch.Tensor,  # [N] scalar head on the chosen response's last token
@@ -23,10 +25,4 @@ def rm_loss(
     reward_rejected = torch.where(valid, rejected_scores, 0.0)  # [N]
     per_pair = -F.logsigmoid(reward_chosen - reward_rejected - torch.where(valid, margin, 0.0))  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
-    return loss, {
-        "reward_chosen_sum": reward_chosen.sum().item(),
-        "reward_rejected_sum": reward_rejected.sum().item(),
-        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
-        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
-        "pairs": float(valid.sum()),
-    }
+    return loss, pair_metrics(reward_chosen, reward_rejected, valid)

@@ -11,6 +11,8 @@ gamma is the target reward margin in reward units, as in the paper's equation (T
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.pairs import pair_metrics
+
 
 def simpo_loss(
     chosen_logps: torch.Tensor,  # [N] sum of the chosen response's token logprobs
@@ -26,10 +28,4 @@ def simpo_loss(
     margin = reward_chosen - reward_rejected  # [N]
     per_pair = -F.logsigmoid(margin - gamma)  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
-    return loss, {
-        "reward_chosen_sum": reward_chosen.sum().item(),
-        "reward_rejected_sum": reward_rejected.sum().item(),
-        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
-        "reward_margin_sum": margin.sum().item(),
-        "pairs": float(valid.sum()),
-    }
+    return loss, pair_metrics(reward_chosen, reward_rejected, valid)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from oxrl_core.data.records import _as_turns
 from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
 
@@ -84,5 +85,5 @@ class RewardModel:
 def prompt_messages(record: dict) -> list[dict]:
     """An RL record's prompt as messages, read as `load_prompts` reads it: `messages`, else `prompt`
     (a string is one user message)."""
-    prompt = record["messages"] if "messages" in record else record["prompt"]
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    name = "messages" if "messages" in record else "prompt"
+    return list(_as_turns(record[name], "user", name))

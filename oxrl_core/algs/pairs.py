@@ -1,0 +1,14 @@
+"""The metric sums every pairwise preference loss reports (DPO, IPO, SimPO, ORPO, RM)."""
+
+import torch
+
+
+def pair_metrics(reward_chosen: torch.Tensor, reward_rejected: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """Sums over a micro-batch of [N] implicit (or model) rewards, zero on filler pairs (`valid` False)."""
+    return {
+        "reward_chosen_sum": reward_chosen.sum().item(),
+        "reward_rejected_sum": reward_rejected.sum().item(),
+        "reward_correct_sum": float((reward_chosen > reward_rejected).sum()),  # filler rows tie at 0: not counted
+        "reward_margin_sum": (reward_chosen - reward_rejected).sum().item(),
+        "pairs": float(valid.sum()),
+    }
