@@ -4,8 +4,8 @@ The model and config of `rl_step.py` (built under --out when missing);
 synthetic rollouts of the same size (512 sequences of 128 + 512 tokens). Each
 variant is a set of config overrides; its train step (CISPO) and old-logprob pass
 are timed over 3 steps after 1 warm-up, through the same TrainGroup as the loop.
-Also times the logprobs op alone: oxrl's (per-row float32, written-out backward) against a full [B, T, V]
-float32 log-softmax (the naive baseline), forward + backward.
+Also times the logprobs op alone, forward + backward: oxrl's Triton kernels and its per-row float32 path
+against a full [B, T, V] float32 log-softmax (the naive baseline).
 
     python benchmarks/train_phase.py --out DIR "VARIANT" ["VARIANT" ...]   # VARIANT: "k=v k=v" or "base"
 """
@@ -20,7 +20,7 @@ import torch
 from oxrl_core.config import load_rl_config
 from oxrl_core.loops.rl import _loss_kwargs
 from oxrl_core.training.group import TrainGroup, ray_cluster
-from oxrl_core.training.logprobs import token_logprobs
+from oxrl_core.training.logprobs import _rows_backward, _rows_forward, token_logprobs
 from rl_step import prepare
 
 PEAK_FLOPS = 989e12
@@ -66,27 +66,42 @@ def time_variant(config_path: Path, overrides: list[str], model_flops: float, at
 
 
 def logprobs_op(batch: int = 16) -> dict:
-    """Forward + backward of the logprobs op on bf16 logits [batch, 640, V]: seconds and peak memory."""
+    """Forward + backward of the logprobs op on bf16 logits [batch, 640, V]: seconds and peak memory of a full
+    float32 log-softmax, of the per-row float32 path (oxrl's CPU path) and of the Triton kernels (its CUDA path),
+    and the largest difference of the Triton kernels' logprobs and gradients from the float32 log-softmax's."""
     logits = torch.randn(batch, PROMPT + RESPONSE, VOCAB, device="cuda", dtype=torch.bfloat16).requires_grad_()
     ids = torch.randint(0, VOCAB, (batch, PROMPT + RESPONSE), device="cuda")
+    weights = torch.randn(batch, PROMPT + RESPONSE - 1, device="cuda")
 
     def naive():
         log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         return log_p.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
+    def rows():
+        with torch.no_grad():
+            logprobs, lse, _ = _rows_forward(logits, ids[:, 1:], 1.0, False)
+            logits.grad = _rows_backward(logits, ids[:, 1:], lse, weights, 1.0)
+
     out = {}
-    for name, fn in (("full_fp32_log_softmax", naive), ("oxrl_token_logprobs", lambda: token_logprobs(logits, ids))):
+    for name, fn in (("full_fp32_log_softmax", lambda: (naive() * weights).sum().backward()), ("per_row_fp32", rows),
+                     ("triton", lambda: (token_logprobs(logits, ids) * weights).sum().backward())):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            fn().sum().backward()
+            fn()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             logits.grad = None
         out[name] = {"seconds": sorted(times)[2], "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30}
+    (naive() * weights).sum().backward()
+    reference_logprobs, reference_grad = naive().detach(), logits.grad
+    logits.grad = None
+    (token_logprobs(logits, ids) * weights).sum().backward()
+    out["triton_max_abs_error"] = {"logprobs": (token_logprobs(logits, ids) - reference_logprobs).abs().max().item(),
+                                   "grad": (logits.grad.float() - reference_grad.float()).abs().max().item()}
     return out
 
 

@@ -1,11 +1,11 @@
 """Per-token log-probabilities and entropies, prediction-aligned (DESIGN.md).
 
-Both work one sequence at a time in float32, so no [B, T, V] float32 tensor ever
-exists: with a 150k vocabulary that tensor alone is 3 GB for 8 x 640 tokens.
-Softmaxes take `dtype=float32`, so the cast happens inside one fused kernel instead of
-a separate float32 copy of the row. The logprobs' backward is written out (softmax
-minus one-hot, straight into one gradient tensor of the logits' dtype) rather than
-recomputed by autograd.
+No [B, T, V] float32 tensor ever exists: with a 150k vocabulary that tensor alone is
+3 GB for 8 x 640 tokens. On CUDA two Triton kernels stream each row of the logits
+(`triton_logprobs.py`); elsewhere the same arithmetic runs one sequence at a time in
+float32. Both keep each position's logsumexp, so the logprobs' backward is written out
+(onehot minus softmax, straight into one gradient tensor of the logits' dtype) rather
+than recomputed by autograd.
 """
 
 import torch
@@ -41,28 +41,50 @@ def _predicting(row: torch.Tensor, temperature: float) -> torch.Tensor:
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, input_ids, temperature, with_entropy):  # [B, T, V], [B, T], float, bool
-        targets = input_ids[:, 1:, None]  # [B, T-1, 1]
-        picked = torch.empty(targets.shape[:2], dtype=torch.float32, device=logits.device)  # [B, T-1]
-        entropy = torch.empty_like(picked) if with_entropy else picked.new_empty(0)  # [B, T-1] or unused
-        for b, row in enumerate(logits):
-            log_p = torch.log_softmax(_predicting(row, temperature), dim=-1, dtype=torch.float32)  # [T-1, V]
-            picked[b] = log_p.gather(-1, targets[b]).squeeze(-1)
-            if with_entropy:
-                entropy[b] = -(log_p.exp() * log_p).sum(-1)
-        ctx.save_for_backward(logits, targets)
+        targets = input_ids[:, 1:]  # [B, T-1]
+        if logits.is_cuda:
+            from oxrl_core.training.triton_logprobs import logprobs_forward
+
+            logits = logits.contiguous()
+            picked, lse, entropy = logprobs_forward(logits, targets, temperature, with_entropy)
+        else:
+            picked, lse, entropy = _rows_forward(logits, targets, temperature, with_entropy)
+        ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
         return picked, entropy
 
     @staticmethod
     def backward(ctx, grad, _):  # grad [B, T-1]; the entropy metric has none
-        logits, targets = ctx.saved_tensors
-        # d(x_target/T - lse)/dx = (onehot(target) - softmax(x/T)) / T at each predicting position; 0 at the last
-        grad = grad / ctx.temperature
-        grad_logits = torch.empty_like(logits)
-        grad_logits[:, -1] = 0
-        for b, row in enumerate(logits):
-            row_grad = torch.softmax(_predicting(row, ctx.temperature), dim=-1, dtype=torch.float32)  # [T-1, V]
-            row_grad.mul_(-grad[b, :, None]).scatter_add_(-1, targets[b], grad[b, :, None])
-            grad_logits[b, :-1] = row_grad
-        return grad_logits, None, None, None
+        logits, targets, lse = ctx.saved_tensors
+        if logits.is_cuda:
+            from oxrl_core.training.triton_logprobs import logprobs_backward
+
+            return logprobs_backward(logits, targets, lse, grad, ctx.temperature), None, None, None
+        return _rows_backward(logits, targets, lse, grad, ctx.temperature), None, None, None
+
+
+def _rows_forward(logits, targets, temperature, with_entropy):
+    """logits [B, T, V], targets [B, T-1] -> logprobs, logsumexps, entropies (or empty), float32 [B, T-1]."""
+    picked = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)  # [B, T-1]
+    lse = torch.empty_like(picked)
+    entropy = torch.empty_like(picked) if with_entropy else picked.new_empty(0)
+    for b, row in enumerate(logits):
+        x = _predicting(row, temperature).float()  # [T-1, V]
+        lse[b] = torch.logsumexp(x, dim=-1)
+        picked[b] = x.gather(-1, targets[b, :, None]).squeeze(-1) - lse[b]
+        if with_entropy:
+            entropy[b] = lse[b] - (torch.softmax(x, dim=-1) * x).sum(-1)  # H = lse - E_p[x]
+    return picked, lse, entropy
+
+
+def _rows_backward(logits, targets, lse, grad, temperature):
+    """d(x_target/T - lse)/dx = (onehot(target) - softmax(x/T)) / T at each predicting position; 0 at the last."""
+    grad = grad / temperature  # [B, T-1]
+    grad_logits = torch.empty_like(logits)  # [B, T, V]
+    grad_logits[:, -1] = 0
+    for b, row in enumerate(logits):
+        row_grad = torch.exp(_predicting(row, temperature).float() - lse[b, :, None])  # softmax [T-1, V]
+        row_grad.mul_(-grad[b, :, None]).scatter_add_(-1, targets[b, :, None], grad[b, :, None])
+        grad_logits[b, :-1] = row_grad
+    return grad_logits

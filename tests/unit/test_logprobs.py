@@ -1,7 +1,12 @@
 """Per-row float32 logprobs and entropies against a float64 full-vocabulary reference, values and gradients."""
 
+import os
+import subprocess
+import sys
+
 import torch
 
+from oxrl_core.training import triton_logprobs
 from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
 
 
@@ -41,3 +46,60 @@ def test_entropy_metric_from_the_logprobs_softmax_matches_and_leaves_the_logprob
         (ref_lp * weights.double()).sum().backward()
         assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(h.double(), ref_h, atol=1e-5)
         assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-5)
+
+
+BLOCK = triton_logprobs.BLOCK
+CHILD = """
+import sys, torch
+from oxrl_core.training.triton_logprobs import logprobs_backward, logprobs_forward
+cases = torch.load(sys.argv[1])
+outputs = []
+for case in cases:
+    lp, lse, h = logprobs_forward(case["logits"], case["targets"], case["temperature"], case["with_entropy"])
+    grad = logprobs_backward(case["logits"], case["targets"], lse, case["weights"], case["temperature"])
+    outputs.append({"logprobs": lp, "lse": lse, "entropy": h, "grad": grad})
+torch.save(outputs, sys.argv[2])
+"""
+
+
+def interpreted(tmp_path, cases: list[dict]) -> list[dict]:
+    """The CUDA path's Triton kernels run on CPU by Triton's interpreter, in a child process: TRITON_INTERPRET=1
+    has to be set before triton is first imported, and this process imported it compiled."""
+    torch.save(cases, tmp_path / "cases.pt")
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+    return torch.load(tmp_path / "out.pt")
+
+
+def test_triton_kernels_match_the_full_softmax_across_vocabulary_blocks(tmp_path):
+    g = torch.Generator().manual_seed(2)
+    vocab = 2 * BLOCK + 37  # three blocks, the last partly outside the vocabulary
+    logits = (torch.randn(2, 5, vocab, generator=g) * 4).to(torch.bfloat16)
+    ids = torch.randint(0, vocab, (2, 5), generator=g)
+    ids[0, 1], ids[1, 2] = vocab - 1, 2 * BLOCK  # targets in the last block
+    logits[1, 3, 100] = 60.0  # a maximum that arrives in the first block and dominates
+    logits[0, 0, vocab - 2] = 60.0  # and one that arrives only in the last block
+    weights = torch.randn(2, 4, generator=g)
+    temperatures = (1.0, 0.7)
+    cases = [{"logits": logits, "targets": ids[:, 1:], "temperature": t, "with_entropy": True, "weights": weights}
+             for t in temperatures]
+    for temperature, out in zip(temperatures, interpreted(tmp_path, cases)):
+        ref = logits.double().requires_grad_()
+        ref_lp, ref_h = reference(ref, ids, temperature)
+        (ref_lp * weights.double()).sum().backward()
+        assert torch.allclose(out["logprobs"].double(), ref_lp, atol=1e-5)
+        assert torch.allclose(out["entropy"].double(), ref_h, atol=1e-4)
+        assert torch.allclose(out["lse"].double(), torch.logsumexp(logits[:, :-1].double() / temperature, -1), atol=1e-5)
+        assert out["grad"].dtype == torch.bfloat16 and (out["grad"][:, -1] == 0).all()
+        # one bf16 unit in the last place: the interpreter truncates to bf16 where the GPU rounds
+        assert torch.allclose(out["grad"].double(), ref.grad, rtol=2**-7, atol=1e-6)
+
+
+def test_triton_forward_without_entropy_gives_the_same_logprobs(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 4, 300, generator=g)
+    ids = torch.randint(0, 300, (3, 4), generator=g)
+    case = {"logits": logits, "targets": ids[:, 1:], "temperature": 1.0, "weights": torch.ones(3, 3)}
+    with_h, without_h = interpreted(tmp_path, [case | {"with_entropy": True}, case | {"with_entropy": False}])
+    assert torch.equal(with_h["logprobs"], without_h["logprobs"]) and without_h["entropy"].numel() == 0
+    assert torch.allclose(without_h["logprobs"].double(), reference(logits.double(), ids, 1.0)[0], atol=1e-5)
