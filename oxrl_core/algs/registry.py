@@ -3,8 +3,8 @@
 The training engine looks losses up here by name (names travel to Ray actors;
 functions need not). Each adapter only unpacks the model's outputs (`logprobs`,
 and for PPO `values` and `entropy`, all [B, T-1]; KD's `logits` and `teacher_logits`
-[B, T-1, V]; a reward model's `scores` [B]) and the batch dict; the math is in the
-algorithm's own file. Pair algorithms see one micro-batch of N pairs as 2N rows:
+[B, T-1, V], which its adapter turns into a per-token KL; a reward model's `scores` [B])
+and the batch dict; the math is in the algorithm's own file. Pair algorithms see one micro-batch of N pairs as 2N rows:
 the chosen sides first, then the rejected sides in the same order.
 """
 
@@ -24,6 +24,7 @@ from oxrl_core.algs.rm import rm_loss
 from oxrl_core.algs.sft import sft_loss
 from oxrl_core.algs.sgrpo import sgrpo_loss
 from oxrl_core.algs.simpo import simpo_loss
+from oxrl_core.training.logprobs import token_kl
 
 Batch = dict[str, torch.Tensor]
 
@@ -103,7 +104,8 @@ def _kto(outputs: Batch, batch: Batch, **kw):
 
 
 def _kd(outputs: Batch, batch: Batch, **kw):
-    return kd_loss(outputs["logits"], outputs["teacher_logits"], outputs["logprobs"], batch["response_mask"], **kw)
+    kl = token_kl(outputs["logits"], outputs["teacher_logits"], kw["temperature"])  # [B, T-1], row by row
+    return kd_loss(kl, outputs["logprobs"], batch["response_mask"], **kw)
 
 
 def _sgrpo(outputs: Batch, batch: Batch, **kw):

@@ -1,5 +1,6 @@
 """Per-row float32 logprobs and entropies against a float64 full-vocabulary reference, values and gradients."""
 
+import math
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import sys
 import torch
 
 from oxrl_core.training import triton_logprobs
-from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
+from oxrl_core.training.logprobs import token_entropy, token_kl, token_logprobs, token_logprobs_and_entropy_metric
 
 
 def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,3 +104,36 @@ def test_triton_forward_without_entropy_gives_the_same_logprobs(tmp_path):
     with_h, without_h = interpreted(tmp_path, [case | {"with_entropy": True}, case | {"with_entropy": False}])
     assert torch.equal(with_h["logprobs"], without_h["logprobs"]) and without_h["entropy"].numel() == 0
     assert torch.allclose(without_h["logprobs"].double(), reference(logits.double(), ids, 1.0)[0], atol=1e-5)
+
+
+def kl_reference(student: list, teacher: list, temperature: float) -> float:
+    """KL(softmax(teacher / T) || softmax(student / T)) of one position, in plain float64 Python."""
+    def log_softmax(row):
+        top = max(v / temperature for v in row)
+        lse = top + math.log(sum(math.exp(v / temperature - top) for v in row))
+        return [v / temperature - lse for v in row]
+    return sum(math.exp(lt) * (lt - ls) for lt, ls in zip(log_softmax(teacher), log_softmax(student)))
+
+
+def test_token_kl_matches_the_softmax_kl_and_its_gradient_matches_finite_differences():
+    g = torch.Generator().manual_seed(4)
+    student = torch.randn(2, 4, 30, generator=g, dtype=torch.float64) * 3
+    teacher = torch.randn(2, 4, 30, generator=g, dtype=torch.float64) * 3
+    for temperature in (1.0, 0.5, 2.0):
+        kl = token_kl(student, teacher, temperature)
+        expected = [[kl_reference(student[b, n].tolist(), teacher[b, n].tolist(), temperature) for n in range(4)]
+                    for b in range(2)]
+        assert torch.allclose(kl, torch.tensor(expected, dtype=torch.float64), atol=1e-10)
+        assert torch.autograd.gradcheck(lambda s: token_kl(s, teacher, temperature),
+                                        (student.clone().requires_grad_(),))
+
+
+def test_token_kl_of_bfloat16_logits_runs_in_float32_and_gives_the_teacher_no_gradient():
+    g = torch.Generator().manual_seed(5)
+    student = (torch.randn(2, 3, 50, generator=g) * 4).to(torch.bfloat16).requires_grad_()
+    teacher = (torch.randn(2, 3, 50, generator=g) * 4).to(torch.bfloat16).requires_grad_()
+    kl = token_kl(student, teacher, 1.5)
+    kl.sum().backward()
+    expected = [[kl_reference(student[b, n].tolist(), teacher[b, n].tolist(), 1.5) for n in range(3)] for b in range(2)]
+    assert kl.dtype == torch.float32 and torch.allclose(kl.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-5)
+    assert student.grad.dtype == torch.bfloat16 and teacher.grad is None

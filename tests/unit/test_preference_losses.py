@@ -13,6 +13,7 @@ from oxrl_core.algs.kto import kto_loss
 from oxrl_core.algs.orpo import orpo_loss
 from oxrl_core.algs.rm import rm_loss
 from oxrl_core.algs.simpo import simpo_loss
+from oxrl_core.training.logprobs import token_kl
 
 TOL = 1e-6
 LENGTH_KEYS = ("chosen_lengths", "rejected_lengths", "lengths", "response_mask")  # zero here = padding filler
@@ -223,7 +224,6 @@ def pick(x, *keys):
 REF_FREE_IN = ("chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths")
 DPO_IN = (*REF_FREE_IN[:2], "ref_chosen_logps", "ref_rejected_logps", *REF_FREE_IN[2:])
 KTO_IN = ("logps", "ref_logps", "lengths", "desirable")
-KD_IN = ("student_logits", "teacher_logits", "logprobs", "response_mask")
 RM_IN = ("chosen_scores", "rejected_scores", "margin", "chosen_lengths", "rejected_lengths")
 KTO_KW = dict(kl_baseline=0.3, beta=0.1, desirable_weight=1.0, undesirable_weight=1.33)
 KD_KW = dict(alpha=0.3, temperature=2.0)
@@ -251,9 +251,15 @@ CASES = {
                 lambda x, n: ref_kto(x, **KTO_KW, **n)),
     "kd": Case(kd_batch, long_kd_batch, ("student_logits", "logprobs"),
                lambda x: {"num_tokens": float(sum(map(sum, x["response_mask"])))},
-               lambda t, n: kd_loss(*pick(t, *KD_IN), **KD_KW, **n),
+               lambda t, n: kd_from_logits(t, **KD_KW, **n),
                lambda x, n: ref_kd(x, **KD_KW, **n)),
 }
+
+
+def kd_from_logits(x, **kw):
+    """KD as the trainer computes it: the per-token KL row by row (`token_kl`), then `kd_loss`."""
+    kl = token_kl(x["student_logits"], x["teacher_logits"], kw["temperature"])
+    return kd_loss(kl, x["logprobs"], x["response_mask"], **kw)
 
 
 def as_lists(inputs):
@@ -477,7 +483,8 @@ def test_kd_gradient_vanishes_when_the_student_already_matches_the_teacher():
     student = inputs["teacher_logits"].clone().requires_grad_(True)
     teacher = inputs["teacher_logits"].clone().requires_grad_(True)
     logprobs = inputs["logprobs"].clone().requires_grad_(True)
-    loss, m = kd_loss(student, teacher, logprobs, inputs["response_mask"], alpha=0.0, temperature=2.0, num_tokens=10.0)
+    loss, m = kd_from_logits({"student_logits": student, "teacher_logits": teacher, "logprobs": logprobs,
+                              "response_mask": inputs["response_mask"]}, alpha=0.0, temperature=2.0, num_tokens=10.0)
     loss.backward()
     assert abs(loss.item()) <= 1e-12 and abs(m["kl_sum"]) <= 1e-12
     assert student.grad.abs().max().item() <= 1e-12 and logprobs.grad.abs().max().item() == 0
@@ -487,8 +494,7 @@ def test_kd_gradient_vanishes_when_the_student_already_matches_the_teacher():
 def test_kd_with_alpha_1_is_the_data_nll_and_ignores_the_logits():
     inputs = kd_batch(6)
     student = inputs["student_logits"].clone().requires_grad_(True)
-    loss, m = kd_loss(student, inputs["teacher_logits"], inputs["logprobs"], inputs["response_mask"],
-                      alpha=1.0, temperature=3.0, num_tokens=9.0)
+    loss, m = kd_from_logits(inputs | {"student_logits": student}, alpha=1.0, temperature=3.0, num_tokens=9.0)
     loss.backward()
     assert abs(loss.item() - m["nll_sum"] / 9.0) <= 1e-12
     assert student.grad.abs().max().item() == 0
@@ -497,7 +503,7 @@ def test_kd_with_alpha_1_is_the_data_nll_and_ignores_the_logits():
 def test_kd_upcasts_half_precision_logits():
     inputs = kd_batch(8)
     half = {k: v.to(torch.bfloat16) if k.endswith("logits") else v.float() for k, v in inputs.items()}
-    loss, _ = kd_loss(*pick(half, *KD_IN), **KD_KW, num_tokens=10.0)
+    loss, _ = kd_from_logits(half, **KD_KW, num_tokens=10.0)
     assert loss.dtype == torch.float32
     lists = as_lists({k: v.double() for k, v in half.items()})
     assert abs(loss.item() - ref_kd(lists, **KD_KW, num_tokens=10.0)[0]) <= 1e-5
