@@ -24,11 +24,12 @@ class RolloutPool:
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int) -> list[Rollout]:
         """`n` samples of each prompt, sorted by prompt (`Rollout.group`). Prompts are dealt round-robin to the
-        engines; each prompt has its own seed, so a resumed run resamples alike."""
+        engines; each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
+        with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
         r = self.config.rollout
         shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
         futures = [engine.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
-                                          [seed_base * 100_003 + i for i in share])
+                                          [(seed_base * 100_003 + i) * n for i in share])
                    for engine, share in zip(self.engines, shares) if share]
         rollouts = []
         for share, result in zip([s for s in shares if s], ray.get(futures)):
