@@ -13,7 +13,6 @@ from functools import partial
 from oxrl_core.errors import OxrlError
 from oxrl_core.rewards.code import code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
-from oxrl_core.rewards.reward_model import RewardModel
 
 RewardFn = Callable[[str, dict], float]
 REWARDS: dict[str, RewardFn] = {"math": math_reward, "gsm8k": gsm8k_reward, "format": format_reward, "code": code_reward}
@@ -40,7 +39,7 @@ def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
     return partial(fn, **kwargs) if kwargs else fn
 
 
-def _reward_model(kwargs: dict) -> RewardModel:
+def _reward_model(kwargs: dict):
     unknown = sorted(set(kwargs) - set(REWARD_MODEL_KWARGS))
     if unknown:
         raise OxrlError(f"reward.kwargs: unknown {', '.join(unknown)} for reward.func=reward-model; "
@@ -48,6 +47,9 @@ def _reward_model(kwargs: dict) -> RewardModel:
     if "path" not in kwargs:
         raise OxrlError("reward.func=reward-model needs reward.kwargs.path: the folder of a reward model "
                         "(`oxrl train sl --alg rm` makes one)")
+    # Imported here: transformers' model classes take seconds to import and only this reward needs them.
+    from oxrl_core.rewards.reward_model import RewardModel
+
     return RewardModel(**kwargs)
 
 

@@ -60,8 +60,10 @@ class TrainGroup:
             # that other actors (rollout engines) can still be placed beside them.
             actor = ray.remote(num_cpus=0.01)(TrainEngine)
         self.ranks = [actor.remote(config, model_path, rank, world, port, log_dir) for rank in range(world)]
-        # Built before anything else starts: a colocated vLLM measures the GPU memory left to it.
-        ray.get([rank.__ray_ready__.remote() for rank in self.ranks], timeout=RAY_CALL_TIMEOUT_S)
+        # A colocated vLLM measures the GPU memory left to it, so the ranks must be built first; otherwise they
+        # start while the rollout engines do, and the first call waits for them.
+        if colocated(config):
+            ray.get([rank.__ray_ready__.remote() for rank in self.ranks], timeout=RAY_CALL_TIMEOUT_S)
 
     def call(self, method: str, *per_rank_args, **common) -> list:
         """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all."""
