@@ -198,14 +198,51 @@ def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_thresh
     assert len(examples) == stats["rft_kept"] and refs is None
 
 
-def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(oxrl, tiny_model_dir, tmp_path):
-    demos = write_jsonl(sft_records(arithmetic_problems(16, seed=6)), tmp_path / "demos.jsonl")
-    summary = run_generating(oxrl, "spin", tiny_model_dir, tmp_path, f"data.train=[{{path: {demos}}}]", "train.iterations=2")
+def spin_args(tiny_model_dir, out, demos, steps, iterations, *flags):
+    # a constant learning rate: the interrupted run's first part has fewer steps in all than the whole run
+    return ["train", "sl", "--config", "examples/spin_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+            f"run.output_dir={out}", "run.name=spin", f"train.steps={steps}", f"train.iterations={iterations}",
+            "train.lr_scheduler=constant", "train.warmup_steps=0", "rollout.max_tokens=12",
+            f"data.train=[{{path: {demos}}}]", *flags]
+
+
+@pytest.fixture(scope="module")
+def spin_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
+    """SPIN on 16 demonstrations, 2 iterations of 1 step, trained once: the folder of the run. (Module fixtures
+    are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself.)"""
+    out = tmp_path_factory.mktemp("spin")
+    demos = write_jsonl(sft_records(arithmetic_problems(16, seed=6)), out / "demos.jsonl")
+    result = oxrl(*spin_args(tiny_model_dir, out, demos, 2, 2), env={"RAY_ADDRESS": ray_address})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(spin_run):
+    summary = json.loads((spin_run / "spin" / "summary.json").read_text())
+    assert len(summary["history"]) == 2
     for step in summary["history"]:  # each iteration's first step: policy == reference, so exactly log 2
         assert step["loss"] == pytest.approx(math.log(2), abs=1e-4)
-    first, second = (torch.load(tmp_path / "spin" / f"iteration-{k}.pt", weights_only=False)[0] for k in (1, 2))
+    first, second = (torch.load(spin_run / "spin" / f"iteration-{k}.pt", weights_only=False)[0] for k in (1, 2))
     assert [p.chosen.input_ids for p in first] == [p.chosen.input_ids for p in second]  # the demonstrations
     assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
+
+
+def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as_the_whole_run(
+        oxrl, spin_run, tiny_model_dir, tmp_path):
+    """The resumed run must refresh vLLM with the restored weights before sampling iteration 2."""
+    from safetensors.torch import load_file
+
+    demos = spin_run / "demos.jsonl"
+    for args in (spin_args(tiny_model_dir, tmp_path, demos, 1, 1),  # stops after iteration 1
+                 spin_args(tiny_model_dir, tmp_path, demos, 2, 2, "--resume")):
+        result = oxrl(*args)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    whole, resumed = (torch.load(out / "spin" / "iteration-2.pt", weights_only=False) for out in (spin_run, tmp_path))
+    assert [p.rejected.input_ids for p in whole[0]] == [p.rejected.input_ids for p in resumed[0]]
+    # the reference logprobs: the policy at iteration 2's start
+    assert len(whole[1]) == len(resumed[1]) and all((a - b).abs().max() <= 1e-6 for a, b in zip(whole[1], resumed[1]))
+    a, b = (load_file(out / "spin" / "final" / "model.safetensors") for out in (spin_run, tmp_path))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
 def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, oxrl_side_by_side,
