@@ -37,12 +37,12 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def demo() -> None:
-    """Run the embedded demo: build the tiny model, SFT it on synthetic arithmetic, report before/after."""
+def demo(seed: int = typer.Option(0, "--seed", help="Draws the problems, the data order and the samples.")) -> None:
+    """Run the embedded demo: build the tiny model, SFT it on synthetic arithmetic, then CISPO; report before/after."""
     from oxrl_cli.render import render_demo
     from oxrl_core.demo import run_demo
 
-    render_demo(run_demo(Console()))
+    render_demo(run_demo(Console(), seed))
 
 
 app.command("doctor")(doctor)

@@ -23,26 +23,27 @@ RL_CONFIG = Path(__file__).with_name("demo_rl.yaml")
 MAX_OPERAND = 9
 
 
-def run_demo(console: Console) -> dict:
-    data = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic"
+def run_demo(console: Console, seed: int) -> dict:
+    """`seed` draws the problems, the data order and the samples (the tiny model's initial weights stay fixed)."""
+    data = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic" / f"seed-{seed}"
     files = {
-        "sft_train": write_jsonl(sft_records(arithmetic_problems(4000, seed=0, max_operand=MAX_OPERAND)), data / "sft_train.jsonl"),
-        "sft_val": write_jsonl(sft_records(arithmetic_problems(200, seed=1, max_operand=MAX_OPERAND)), data / "sft_val.jsonl"),
-        "rl_train": write_jsonl(arithmetic_problems(2000, seed=2, max_operand=MAX_OPERAND), data / "rl_train.jsonl"),
-        "rl_val": write_jsonl(arithmetic_problems(200, seed=3, max_operand=MAX_OPERAND), data / "rl_val.jsonl"),
+        name: write_jsonl(make(arithmetic_problems(n, seed=4 * seed + k, max_operand=MAX_OPERAND)), data / f"{name}.jsonl")
+        for k, (name, n, make) in enumerate([("sft_train", 4000, sft_records), ("sft_val", 200, sft_records),
+                                             ("rl_train", 2000, list), ("rl_val", 200, list)])
     }
-    name = time.strftime("demo-%Y%m%d-%H%M%S")
+    name = time.strftime(f"demo-%Y%m%d-%H%M%S-seed{seed}")
     start = time.perf_counter()
 
     console.rule("1/2 SFT: learn the answer format")
     sft_config, model_path = load_sl_config(SFT_CONFIG, [
-        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}-sft"])
+        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}-sft",
+        f"train.seed={seed}"])
     sft = train_sl(sft_config, model_path, resume=False, console=console)
 
     console.rule("2/2 CISPO: reward right answers")
     rl_config, sft_model = load_rl_config(RL_CONFIG, [
         f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name={name}-rl"])
+        f"data.val={files['rl_val']}", f"run.name={name}-rl", f"train.seed={seed}"])
     rl = train_rl(rl_config, sft_model, resume=False, console=console)
     evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
     evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))

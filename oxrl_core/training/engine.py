@@ -56,7 +56,7 @@ def model_dtype(config: SLConfig | RLConfig) -> torch.dtype:
 
 class TrainEngine:
     def __init__(self, config: SLConfig | RLConfig, model_path: str, rank: int, world_size: int, master_port: int, log_dir: Path):
-        _redirect_output(log_dir / f"rank{rank}.log")
+        redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         # DeepSpeed reads these even for one process (otherwise it looks for MPI).
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
@@ -270,9 +270,7 @@ class TrainEngine:
             params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
             with deepspeed.zero.GatheredParameters(params, enabled=self.zero3):
                 if self.rank == 0:
-                    weight = param.detach()
-                    if lora_layer is not None:
-                        weight = weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
+                    weight = param.detach() if lora_layer is None else merged_lora_weight(param, lora_layer)
                     weight = weight.clone() if share_on_gpu else weight.to("cpu", copy=True)
                     pairs.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight))
         if share_on_gpu:
@@ -299,6 +297,13 @@ class TrainEngine:
         return pairs
 
 
+def merged_lora_weight(weight: torch.Tensor, lora_layer) -> torch.Tensor:
+    """W + scale * B A for each active adapter (peft's own delta), as a plain tensor: A and B require grad, and a
+    tensor with autograd history cannot cross processes (CUDA IPC's `reduce_tensor` refuses it)."""
+    with torch.no_grad():
+        return weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
+
+
 def _scheduler(optimizer, name: str, warmup_steps: int, steps: int):
     from transformers import get_scheduler
 
@@ -319,7 +324,7 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _redirect_output(path: Path) -> None:
+def redirect_output(path: Path) -> None:
     """Send this process's stdout/stderr (DeepSpeed is chatty) to a per-rank log in the run folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     log = open(path, "a", buffering=1)

@@ -55,7 +55,7 @@ def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers
         from vllm.inputs import TokensPrompt
         if __name__ == "__main__":
             llm = LLM(model="{merged}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
-                      gpu_memory_utilization=0.2)  # on CPU: the share of RAM for the KV cache
+                      kv_cache_memory_bytes=2**26)  # not a share of the NUMA node, which VMs report small at start
             params = SamplingParams(max_tokens={NEW_TOKENS}, temperature=0.0, ignore_eos=True, logprobs=0)
             out = llm.generate([TokensPrompt(prompt_token_ids={prompt})], params)[0].outputs[0]
             print("GENERATED", json.dumps([out.token_ids, [step[t].logprob for t, step in zip(out.token_ids, out.logprobs)]]))

@@ -137,7 +137,7 @@ def test_refreshed_vllm_matches_the_trainer_and_stale_samples_are_refused(tmp_pa
     prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
     with ray_cluster():
         group = TrainGroup(config, model_path, tmp_path / "logs")
-        pool = RolloutPool(config, model_path)
+        pool = RolloutPool(config, model_path, tmp_path / "logs")
         (engine,) = pool.engines
         before = ray.get(engine.generate.remote(prompt, 4, 1.0, 1.0, 8, [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh

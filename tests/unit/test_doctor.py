@@ -263,3 +263,13 @@ def test_a_probe_past_its_timeout_is_killed_and_reported_as_a_failure():
 def test_a_probe_that_raises_is_reported_with_its_error():
     result = probes.Probe("no_such_probe", [], timeout=60).result()
     assert result == {"error": "KeyError: 'no_such_probe'"}
+
+
+def test_vllm_cpu_memory_reports_numa_node_0_and_warns_when_it_is_nearly_full(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:         5379072 kB\nNode 0 MemUsed:  2444288 kB\n")
+    check = system.vllm_cpu_memory_check(meminfo)
+    assert check.status == "ok" and "NUMA node 0: 5.1 GiB free of 7.5 GiB" in check.finding
+    meminfo.write_text("Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:          524288 kB\n")
+    check = system.vllm_cpu_memory_check(meminfo)
+    assert check.status == "warn" and "0.5 GiB free" in check.finding and check.fix
