@@ -29,7 +29,8 @@ def history(run_dir: Path) -> list[dict]:
 
 def sl(alg: str, tiny_model_dir, out: Path, name: str, *overrides: str) -> list[str]:
     return ["train", "sl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            "run.train_ranks=1", f"run.output_dir={out}", f"run.name={name}", *overrides]
+            "run.train_ranks=1", "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1",
+            f"run.output_dir={out}", f"run.name={name}", *overrides]
 
 
 @pytest.mark.parametrize("alg", ["sft", "dpo"])
@@ -55,7 +56,7 @@ def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path
     extra = ("train.kl_coeff=0.05",) if alg == "sgrpo" and not lora else ()
     result = oxrl("train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
                   "run.train_ranks=1", f"run.output_dir={tmp_path}", f"run.name={alg}", "train.steps=3", "train.lr=1e-2",
-                  f"lora.enabled={str(lora).lower()}", "train.batch_size=32", "train.micro_batch_size=16", "train.grad_accum=1",
+                  f"lora.enabled={str(lora).lower()}", "train.batch_size=32", "train.micro_batch_size=16", "train.grad_accum=2",
                   "data.val=null", "reward.func=rl_test_rewards:digit_share", *extra, env=TEST_REWARD)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(tmp_path / alg)
