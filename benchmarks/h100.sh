@@ -2,7 +2,8 @@
 # Issue 6's GPU runs on the lent H100, after the staged stack is installed
 # (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md).
 # Stages, each within one 10-minute device call:
-#   bash benchmarks/h100.sh bench [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py), with config overrides
+#   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
+#                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 # Logs and results go to $OUT (default ./gpu-out).
@@ -15,9 +16,10 @@ python3 -c "import torch, vllm, deepspeed, ray, transformers; print('torch', tor
 stage=${1:-}; shift || true
 if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"
-  timeout 420 python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
   echo "rc=$?"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
   cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
+  cp "$WORK"/runs/*/logs/engine0.log "$OUT/engine0.log" 2>/dev/null
   exit 0
 fi
 

@@ -1,20 +1,21 @@
 """One RL step on a GPU, phase by phase: a benchmark, never a test.
 
-A random-weight model of Qwen2.5-0.5B's shape (494M parameters) is built locally;
+A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B) is built locally;
 64 prompts of 128 tokens x 8 samples x 512 new tokens go through `train_rl`, the
 same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
-phase's MFU against the H100's 989 TFLOP/s dense bf16 peak, peak GPU memory;
+phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak, peak GPU memory;
 then standalone vLLM (the same engine class, no Ray, no trainer) generates the
 same batch three times (the median of the last two counts), for the rollout
 phase's share of standalone throughput.
 
-    python benchmarks/rl_step.py --out results/ [KEY=VALUE ...]    # overrides as for `oxrl train rl`
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b] [KEY=VALUE ...]    # overrides as for `oxrl train rl`
 """
 
 import argparse
 import json
+import math
 import statistics
 import threading
 import time
@@ -30,22 +31,31 @@ from oxrl_core.models.tiny import build_tiny_model
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
-QWEN25_05B_SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN25_SHAPES = {
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+               tie_word_embeddings=False),
+}
 
 
-def build_model(folder: Path) -> Path:
-    """Random weights in Qwen2.5-0.5B's shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded)."""
+def build_model(folder: Path, shape: dict) -> Path:
+    """Random weights in a Qwen2.5 shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    if (folder / "model.safetensors").is_file():
+    if (folder / "config.json").is_file():
         return folder
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / "oxrl-tiny"))
     torch.manual_seed(0)
-    config = Qwen2Config(**QWEN25_05B_SHAPE, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    config = Qwen2Config(**shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.device("cuda"):  # a 7B model's random init takes minutes on the CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
     return folder
 
 
@@ -112,9 +122,9 @@ def standalone_generate(model: Path, prompts: Path, config) -> dict:
     return {"standalone_generate_s": seconds, "standalone_tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int) -> tuple[Path, Path, Path]:
+def prepare(out: Path, steps: int, shape: str) -> tuple[Path, Path, Path]:
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`."""
-    model = build_model(out / "qwen2.5-0.5b-shape")
+    model = build_model(out / f"qwen2.5-{shape}-shape", QWEN25_SHAPES[shape])
     prompts = write_prompts(model, out / "prompts.jsonl")
     config_path = out / "rl_step.yaml"
     config_path.write_text(yaml.safe_dump({
@@ -135,10 +145,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4, help="RL steps; the median of all but the first is reported")
+    parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps)
+    model, prompts, config_path = prepare(args.out, args.steps, args.shape)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
     with PeakGpuMemory() as memory:
         summary = train_rl(config, model_path, resume=False, console=Console())
@@ -150,21 +161,26 @@ def main() -> None:
               "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= standalone_generate(model, prompts, config)
 
-    n_params = sum(t.numel() for t in _safetensors(model).values())
+    n_params = _parameter_count(model)
     tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])
     phases = ("generate", "reward", "logprobs", "train", "refresh")
     step_s = sum(step[f"time_{p}_s"] for p in phases)
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
     # forward, over the full (unmasked) T x T as PaLM does
-    attention = 4 * QWEN25_05B_SHAPE["num_hidden_layers"] * QWEN25_05B_SHAPE["hidden_size"] * (PROMPT_TOKENS + step["response_length"])
+    shape = QWEN25_SHAPES[args.shape]
+    attention = 4 * shape["num_hidden_layers"] * shape["hidden_size"] * (PROMPT_TOKENS + step["response_length"])
     phase_s = step["time_train_s"] + step["time_logprobs_s"]
+    # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights' (LoRA's own
+    # weights are negligible beside them)
+    train_flops = (4 if config.lora.enabled else 6) * n_params
     result |= {
-        "params": n_params, "train_tokens": tokens, "step_s": step_s,
+        "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
         "train_tokens_per_s": tokens / step["time_train_s"],
-        "train_mfu": 6 * n_params * tokens / step["time_train_s"] / PEAK_FLOPS,
+        "train_mfu": train_flops * tokens / step["time_train_s"] / PEAK_FLOPS,
         "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / PEAK_FLOPS,
-        "training_phase_mfu": 8 * n_params * tokens / phase_s / PEAK_FLOPS,  # a forward (logprobs) + forward/backward
-        "training_phase_mfu_with_attention": 4 * (2 * n_params + attention) * tokens / phase_s / PEAK_FLOPS,
+        # a forward (logprobs) + forward/backward
+        "training_phase_mfu": (2 * n_params + train_flops) * tokens / phase_s / PEAK_FLOPS,
+        "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / PEAK_FLOPS,
         "refresh_share": step["time_refresh_s"] / step_s,
         "rollout_vs_standalone": step["generate_tokens_per_s"] / result["standalone_tokens_per_s"],
     }
@@ -178,10 +194,15 @@ def main() -> None:
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
 
 
-def _safetensors(folder: Path) -> dict:
-    from safetensors.torch import load_file
+def _parameter_count(folder: Path) -> int:
+    """From the safetensors headers (a 7B model comes in several files), loading nothing."""
+    from safetensors import safe_open
 
-    return load_file(folder / "model.safetensors")
+    count = 0
+    for path in folder.glob("*.safetensors"):
+        with safe_open(path, "pt") as f:
+            count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return count
 
 
 if __name__ == "__main__":

@@ -50,5 +50,8 @@ class RolloutPool:
 
     def refresh(self, group: TrainGroup, policy_version: int) -> None:
         """Stream the trainer's current weights into every engine; their samples then carry `policy_version`."""
-        weights = group.call("named_weights", share_on_gpu=colocated(self.config))[0]  # gathered on rank 0
+        share_on_gpu = colocated(self.config)
+        weights = group.call("named_weights", share_on_gpu=share_on_gpu)[0]  # gathered on rank 0
         ray.get([e.load_weights.remote(weights, policy_version) for e in self.engines])
+        if share_on_gpu:
+            group.call("release_shared_weights")

@@ -256,7 +256,7 @@ class TrainEngine:
         With LoRA the adapter is merged in (W + scale * B A, peft's own delta) and peft's name
         prefixes are dropped: vLLM serves plain weights, no adapter machinery, and needs no restart.
         With `share_on_gpu` (vLLM on this same GPU) the weights stay on the GPU and go out as CUDA IPC
-        handles, so vLLM copies them device to device; they stay alive here until the next refresh.
+        handles, so vLLM copies them device to device; they stay alive here until `release_shared_weights`.
         Otherwise they are CPU copies that travel through Ray.
         """
         import deepspeed
@@ -277,6 +277,12 @@ class TrainEngine:
             self._shared_weights = pairs
             return [(name, reduce_tensor(weight)) for name, weight in pairs]
         return pairs
+
+    def release_shared_weights(self) -> None:
+        """Free the copies `named_weights` shared once the engines have loaded them: kept, they would sit beside
+        the next step's activations (a whole model's worth: 15 GB for a 7B model)."""
+        self._shared_weights = None
+        torch.cuda.ipc_collect()  # memory the engines opened through IPC is freed only once they let go of it
 
     def _policy(self):
         """The language model itself (a PeftModel with LoRA), without PPO's value head."""
