@@ -41,3 +41,21 @@ def test_readme_train_commands_validate(tmp_path, monkeypatch):
         result = CliRunner().invoke(app, [*args, "--dry-run", f"run.output_dir={tmp_path}"])
         assert result.exit_code == 0 and result.exception is None, (line, result.output, result.exception)
         assert "train:" in result.output  # the resolved config was printed
+
+
+def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_data(tmp_path, tiny_model_dir, monkeypatch):
+    """examples/cispo_lora_7b.yaml names a Hub model and GSM8K, which these machines cannot download: everything else
+    in it (LoRA targets, batch arithmetic, rollout lengths) is validated with the tiny model and one prompt."""
+    from typer.testing import CliRunner
+
+    from oxrl_cli.main import app
+
+    monkeypatch.chdir(REPO)
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    base = ["train", "rl", "--config", "examples/cispo_lora_7b.yaml", "--dry-run", f"model.name_or_path={tiny_model_dir}",
+            f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
+    for overrides in ([], ["rollout.gpu_memory_utilization=0.45", "train.micro_batch_size=8", "train.grad_accum=64"]):
+        result = CliRunner().invoke(app, [*base, *overrides])
+        assert result.exit_code == 0 and result.exception is None, (overrides, result.output, result.exception)
+        assert "lora:" in result.output and "enabled: true" in result.output
