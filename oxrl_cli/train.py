@@ -18,7 +18,8 @@ DRY_RUN = typer.Option(False, "--dry-run", help="Validate, print the resolved co
 
 @train_app.command("sl")
 def sl(
-    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft)."),
+    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft).",
+                            autocompletion=lambda incomplete: [a for a in SL_ALGS if a.startswith(incomplete)]),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
@@ -27,11 +28,12 @@ def sl(
 ) -> None:
     """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
     from oxrl_cli.render import render_sl_summary
+    from oxrl_core.algs.registry import SL_ALGORITHMS
     from oxrl_core.loops.sl import train_sl
 
     resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
-        typer.echo(dump_config(resolved), nl=False)
+        _dry_run(resolved, reads_reward=SL_ALGORITHMS[resolved.train.alg].data == "prompts")
         return
     console = Console()
     render_sl_summary(train_sl(resolved, model_path, resume, console), console)
@@ -39,7 +41,8 @@ def sl(
 
 @train_app.command("rl")
 def rl(
-    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo)."),
+    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo).",
+                            autocompletion=lambda incomplete: [a for a in RL_ALGS if a.startswith(incomplete)]),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
@@ -52,10 +55,20 @@ def rl(
 
     resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
-        typer.echo(dump_config(resolved), nl=False)
+        _dry_run(resolved, reads_reward=True)
         return
     console = Console()
     render_rl_summary(train_rl(resolved, model_path, resume, console), console)
+
+
+def _dry_run(config, reads_reward: bool) -> None:
+    """Print the resolved config. The reward function is resolved as the run would (a shipped name, or
+    `module:function` imported), so a typo fails here and not after the engines have started."""
+    if reads_reward:
+        from oxrl_core.rewards import resolve_reward
+
+        resolve_reward(config.reward.func, config.reward.kwargs)
+    typer.echo(dump_config(config), nl=False)
 
 
 def _with_flags(overrides: list[str] | None, alg: str | None, strict: bool) -> list[str]:

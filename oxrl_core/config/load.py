@@ -11,7 +11,21 @@ from oxrl_core.errors import OxrlError
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`)."""
+    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`) and refuses a key given twice
+    in one mapping (plain YAML keeps the later one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` keys are overridden by the mapping's own, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {first_line[key]})", key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 _YamlLoader.add_implicit_resolver(

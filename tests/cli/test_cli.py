@@ -1,5 +1,7 @@
 """The `oxrl` console script: help, version, errors, dry runs, completions."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,15 @@ def test_version(oxrl):
     assert result.returncode == 0 and result.stdout.strip() == "oxrl 0.1.0"
 
 
+def test_the_cli_module_imports_none_of_the_training_stack():
+    """`oxrl --help`, `--version` and shell completion import oxrl_cli.main: torch, Ray, vLLM and DeepSpeed would
+    cost seconds before anything is printed. (Its start-up time is a benchmark's business, not a test's.)"""
+    heavy = ("torch", "ray", "vllm", "deepspeed", "transformers")
+    loaded = subprocess.run([sys.executable, "-c", f"import sys, oxrl_cli.main; print([m for m in {heavy!r} if m in sys.modules])"],
+                            capture_output=True, text=True, check=True, cwd=REPO)
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
@@ -33,6 +44,18 @@ def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path)
     assert resolved["train"]["alg"] == "sgrpo" and resolved["rollout"]["force_strict_on_policy"] is True
     bad = oxrl(*args, "rollout.n_samples=3", "--dry-run")
     assert bad.returncode == 2 and "multiple of rollout.n_samples (3)" in bad.stderr
+
+
+def test_dry_run_resolves_the_reward_function_as_the_run_would(oxrl, tiny_model_dir, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    common = (f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
+              "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1", "--dry-run")
+    for command in (("train", "rl", "--alg", "cispo"), ("train", "sl", "--alg", "online-dpo")):
+        bad = oxrl(*command, *common, "reward.func=no_such_module:fn")
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.stderr.strip().splitlines() == ["error: reward.func='no_such_module:fn': cannot import (No module named 'no_such_module')"]
+        assert oxrl(*command, *common, "reward.func=math").returncode == 0
 
 
 def test_bad_config_is_one_line_exit_2_without_traceback(oxrl, tmp_path):
@@ -75,3 +98,15 @@ def test_shipped_completion_scripts_match_the_app(oxrl, shell):
     assert result.returncode == 0, result.stderr
     shipped = REPO / "completions" / f"oxrl.{shell}"
     assert shipped.read_text() == result.stdout, f"regenerate with: _OXRL_COMPLETE=source_{shell} oxrl > {shipped}"
+
+
+@pytest.mark.parametrize("words, expected", [
+    ("oxrl train sl --alg ", ["sft", "dpo", "ipo", "orpo", "kto", "simpo", "cpt", "kd", "rm", "rft", "spin", "online-dpo"]),
+    ("oxrl train sl --alg s", ["sft", "simpo", "spin"]),
+    ("oxrl train rl --alg ", ["sgrpo", "cispo", "ppo"]),
+])
+def test_alg_completes_the_algorithm_names(oxrl, words, expected):
+    # what the shipped bash script asks the app for at a TAB
+    cword = len(words.split()) - (not words.endswith(" "))
+    result = oxrl(env={"_OXRL_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
+    assert result.returncode == 0 and result.stdout.split() == expected

@@ -116,6 +116,23 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
         load_config(SLConfig, path, [])
 
 
+def test_a_key_given_twice_is_refused_with_its_name_and_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("model:\n  name_or_path: a\ntrain:\n  lr: 1e-5\n  steps: 2\n  lr: 3e-5\n")
+    with pytest.raises(OxrlError, match=r"twice.yaml:6: not valid YAML \(key 'lr' given twice \(first on line 4\)\)"):
+        load_config(SLConfig, path, [])
+    path.write_text("model:\n  name_or_path: a\nmodel:\n  name_or_path: b\n")
+    with pytest.raises(OxrlError, match=r"twice.yaml:3: .*key 'model' given twice \(first on line 1\)"):
+        load_config(SLConfig, path, [])
+
+
+def test_a_merge_key_is_overridden_by_the_mappings_own_key_not_refused(tmp_path, good):
+    from oxrl_core.config.load import parse_yaml
+
+    assert parse_yaml("base: &b {lr: 1.0e-5, steps: 2}\ntrain:\n  <<: *b\n  lr: 3.0e-5\n", "x.yaml")["train"] == \
+        {"lr": 3e-5, "steps": 2}
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["train.alg=kd"], ["train.teacher", "KD needs a teacher model"]),
     (["train.alg=rft", "train.steps=5", "train.iterations=2"], ["train.steps=5", "multiple of train.iterations (2)"]),
