@@ -1,13 +1,14 @@
 """`oxrl demo`, the embedded default: tiny model -> SFT -> CISPO with a verifiable reward -> evaluation.
 
 On seeded synthetic arithmetic ("What is 7 + 12?" -> "<answer>19</answer>"): SFT teaches
-the format, RL raises the share of right answers. Accuracy is greedy decoding with
-vLLM on held-out problems, scored by the math reward: sampled at the training
+the format, RL raises the share of right answers. Accuracy is measured with vLLM on
+each of the task's 200 problems, scored by the math reward: sampled at the training
 temperature (pass@1 from 8 samples each) and greedy. A PNG of the RL curves is
 written to the RL run folder.
 """
 
 import os
+import random
 import time
 from pathlib import Path
 
@@ -16,21 +17,31 @@ from rich.console import Console
 from oxrl_core.config import load_rl_config, load_sl_config
 from oxrl_core.loops.rl import train_rl
 from oxrl_core.loops.sl import train_sl
-from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
+from oxrl_core.preprocess.arithmetic import every_arithmetic_problem, off_by_one_sft_records, sft_records, write_jsonl
 
 SFT_CONFIG = Path(__file__).with_name("demo_sft.yaml")
 RL_CONFIG = Path(__file__).with_name("demo_rl.yaml")
-MAX_OPERAND = 9
+MAX_OPERAND = 9  # 200 distinct problems
+OFF_BY_ONE_SHARE = 0.5
 
 
 def run_demo(console: Console, seed: int) -> dict:
-    """`seed` draws the problems, the data order and the samples (the tiny model's initial weights stay fixed)."""
+    """`seed` draws the training problems, the demonstrations' errors, the data order and the samples (the tiny
+    model's initial weights stay fixed). Accuracy is measured on every problem of the task once: the demo shows RL
+    correcting what SFT learned, not generalisation to unseen problems (the 0.35M-parameter model memorises the
+    200 problems; in one try with 50 of them held out of training, RL moved their accuracy by 0-2 points)."""
     data = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic" / f"seed-{seed}"
-    files = {
-        name: write_jsonl(make(arithmetic_problems(n, seed=4 * seed + k, max_operand=MAX_OPERAND)), data / f"{name}.jsonl")
-        for k, (name, n, make) in enumerate([("sft_train", 4000, sft_records), ("sft_val", 200, sft_records),
-                                             ("rl_train", 2000, list), ("rl_val", 200, list)])
+    rng = random.Random(seed)
+    problems = every_arithmetic_problem(MAX_OPERAND)
+    records = {
+        # Half the demonstrations are one too high: SFT learns the format and to waver between the right answer
+        # and the one above it; only the verifiable reward tells them apart.
+        "sft_train": off_by_one_sft_records(rng.choices(problems, k=4000), share=OFF_BY_ONE_SHARE, rng=rng),
+        "sft_val": sft_records(problems),
+        "rl_train": rng.choices(problems, k=2000),
+        "rl_val": problems,
     }
+    files = {name: write_jsonl(rows, data / f"{name}.jsonl") for name, rows in records.items()}
     name = time.strftime(f"demo-%Y%m%d-%H%M%S-seed{seed}")
     start = time.perf_counter()
 
@@ -56,7 +67,7 @@ def run_demo(console: Console, seed: int) -> dict:
 
 
 def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:
-    """Reward, accuracy (with held-out `evals` as (step, accuracy)) and response length per step."""
+    """Reward, accuracy (with the evaluations `evals` as (step, accuracy)) and response length per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,7 +84,7 @@ def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path)
         ax.plot(steps, smooth)
         ax.set_title(title)
         ax.set_xlabel("step")
-    axes[1].plot(*zip(*evals), "o-", label="held-out accuracy")
+    axes[1].plot(*zip(*evals), "o-", label="accuracy on all 200 problems")
     axes[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

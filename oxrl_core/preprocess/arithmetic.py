@@ -18,14 +18,29 @@ def arithmetic_problems(n: int, seed: int, max_operand: int = 50) -> list[dict]:
     problems = []
     for _ in range(n):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        op = rng.choice("+-")
-        problems.append({"prompt": f"What is {a} {op} {b}?", "answer": str(a + b if op == "+" else a - b)})
+        problems.append(_problem(a, rng.choice("+-"), b))
     return problems
+
+
+def every_arithmetic_problem(max_operand: int) -> list[dict]:
+    """Each distinct problem on operands 0..max_operand once: (max_operand + 1)^2 sums and as many differences."""
+    return [_problem(a, op, b) for a in range(max_operand + 1) for b in range(max_operand + 1) for op in "+-"]
+
+
+def _problem(a: int, op: str, b: int) -> dict:
+    return {"prompt": f"What is {a} {op} {b}?", "answer": str(a + b if op == "+" else a - b)}
 
 
 def sft_records(problems: list[dict]) -> list[dict]:
     """Prompt-completion SFT records whose completion is the answer in the demo's `<answer>` format."""
     return [{"prompt": p["prompt"], "completion": f"<answer>{p['answer']}</answer>"} for p in problems]
+
+
+def off_by_one_sft_records(problems: list[dict], share: float, rng: random.Random) -> list[dict]:
+    """`sft_records` whose answer is one too high in about `share` of them, drawn independently per record:
+    demonstrations a verifier would catch and imitation cannot."""
+    return [{"prompt": p["prompt"], "completion": f"<answer>{int(p['answer']) + (rng.random() < share)}</answer>"}
+            for p in problems]
 
 
 def write_jsonl(records: list[dict], path: Path) -> Path:
