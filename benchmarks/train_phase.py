@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("variants", nargs="+")
     args = parser.parse_args()
-    _, _, config_path = prepare(args.out, steps=1)
+    _, _, config_path = prepare(args.out, steps=1, shape="0.5b")
     from safetensors.torch import load_file
 
     n_params = sum(t.numel() for t in load_file(args.out / "qwen2.5-0.5b-shape" / "model.safetensors").values())
