@@ -19,7 +19,7 @@ DRY_RUN = typer.Option(False, "--dry-run", help="Validate, print the resolved co
 @train_app.command("sl")
 def sl(
     alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft).",
-                            autocompletion=lambda incomplete: [a for a in SL_ALGS if a.startswith(incomplete)]),
+                            autocompletion=lambda incomplete: _starting_with(SL_ALGS, incomplete)),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
@@ -28,12 +28,11 @@ def sl(
 ) -> None:
     """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
     from oxrl_cli.render import render_sl_summary
-    from oxrl_core.algs.registry import SL_ALGORITHMS
     from oxrl_core.loops.sl import train_sl
 
     resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
-        _dry_run(resolved, reads_reward=SL_ALGORITHMS[resolved.train.alg].data == "prompts")
+        _dry_run(resolved)
         return
     console = Console()
     render_sl_summary(train_sl(resolved, model_path, resume, console), console)
@@ -42,7 +41,7 @@ def sl(
 @train_app.command("rl")
 def rl(
     alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo).",
-                            autocompletion=lambda incomplete: [a for a in RL_ALGS if a.startswith(incomplete)]),
+                            autocompletion=lambda incomplete: _starting_with(RL_ALGS, incomplete)),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
@@ -55,16 +54,23 @@ def rl(
 
     resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
-        _dry_run(resolved, reads_reward=True)
+        _dry_run(resolved)
         return
     console = Console()
     render_rl_summary(train_rl(resolved, model_path, resume, console), console)
 
 
-def _dry_run(config, reads_reward: bool) -> None:
-    """Print the resolved config. The reward function is resolved as the run would (a shipped name, or
-    `module:function` imported), so a typo fails here and not after the engines have started."""
-    if reads_reward:
+def _starting_with(names: tuple[str, ...], incomplete: str) -> list[str]:
+    """Shell completion of `--alg`."""
+    return [name for name in names if name.startswith(incomplete)]
+
+
+def _dry_run(config) -> None:
+    """Print the resolved config. A run that scores samples resolves its reward function here as it would (a
+    shipped name, or `module:function` imported), so a typo fails now and not after the engines have started."""
+    from oxrl_core.algs.registry import uses_reward
+
+    if uses_reward(config):
         from oxrl_core.rewards import resolve_reward
 
         resolve_reward(config.reward.func, config.reward.kwargs)

@@ -59,6 +59,12 @@ def uses_rollout(config) -> bool:
     return alg not in SL_ALGORITHMS or SL_ALGORITHMS[alg].generates
 
 
+def uses_reward(config) -> bool:
+    """Whether a run (SLConfig or RLConfig) scores samples with `reward.func`: RL, and RFT and Online DPO."""
+    alg = config.train.alg
+    return alg not in SL_ALGORITHMS or SL_ALGORITHMS[alg].data == "prompts"
+
+
 def _sequence_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the sum of its response tokens' logprobs and their number, both [rows]."""
     mask = batch["response_mask"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from oxrl_core.algs.registry import SL_ALGORITHMS
+from oxrl_core.algs.registry import SL_ALGORITHMS, uses_reward
 from oxrl_core.config.schema import SLConfig, SLTrain
 from oxrl_core.checks.stability import check_policy_version
 from oxrl_core.data.preference import (PairExample, UnpairedExample, collate_pairs, load_demonstrations,
@@ -68,7 +68,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
         val_set, report = load(config.data.val)
         reports.append(report)
     report_data(reports, run_dir, console)
-    reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if alg.data == "prompts" else None
+    reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if uses_reward(config) else None
     if alg.data == "unpaired" and len({u.desirable for s in train_sets for u in s}) < 2:
         console.print("[yellow]warning:[/] every KTO record has the same label; KTO learns from both desirable and undesirable examples")
 
