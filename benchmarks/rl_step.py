@@ -110,7 +110,7 @@ def standalone_generate(model: Path, prompts: Path, config) -> dict:
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
                                          add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()]
     r = config.rollout
-    engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, 1, r.gpu_memory_utilization, 0,
+    engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0,
                            len(ids) * r.n_samples)
     times = []
     for _ in range(3):

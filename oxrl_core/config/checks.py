@@ -5,10 +5,10 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.algs.registry import uses_rollout
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
+from oxrl_core.placement import decide
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -26,12 +26,10 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")
     if ds.offload_optimizer and ds.zero_stage == 0:
         raise OxrlError("deepspeed.offload_optimizer=true: needs deepspeed.zero_stage 1, 2 or 3, got 0")
-    if torch.cuda.is_available() and run.train_ranks > torch.cuda.device_count():
-        raise OxrlError(f"run.train_ranks={run.train_ranks}: this machine has {torch.cuda.device_count()} GPU(s)")
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
-    if uses_rollout(config) and torch.cuda.is_available():
-        _check_gpu_placement(config)
+    if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
+        decide(config, torch.cuda.device_count())
     if isinstance(config, SLConfig) and train.alg in ("rft", "spin") and train.steps % train.iterations:
         raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); each iteration trains as many steps")
     if isinstance(config, SLConfig) and train.alg == "spin" and config.data.val is not None:
@@ -70,18 +68,6 @@ def _check_teacher(teacher: str | None, student_path: str) -> None:
         raise OxrlError(
             f"train.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
             f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
-
-
-def _check_gpu_placement(config: SLConfig | RLConfig) -> None:
-    """Trainer ranks and vLLM engines get a GPU each, or share them half and half (colocated) when there are too few."""
-    gpus, rollout = torch.cuda.device_count(), config.rollout
-    if config.run.train_ranks + rollout.engines * rollout.tensor_parallel_size <= gpus:
-        return
-    if rollout.tensor_parallel_size > 1 or rollout.engines > gpus:
-        raise OxrlError(
-            f"rollout.engines={rollout.engines} x rollout.tensor_parallel_size={rollout.tensor_parallel_size} and "
-            f"run.train_ranks={config.run.train_ranks} need more than this machine's {gpus} GPU(s); sharing GPUs "
-            f"(colocated) needs tensor_parallel_size 1 and at most one engine per GPU")
 
 
 def _check_data_file(key: str, path: Path) -> None:

@@ -66,7 +66,7 @@ def ray_start() -> dict:
     it ends with the probe's process group)."""
     import ray
 
-    from oxrl_core.training.group import start_ray
+    from oxrl_core.placement import start_ray
 
     start_ray(num_cpus=1)
     resources = ray.cluster_resources()

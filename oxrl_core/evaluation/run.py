@@ -139,7 +139,7 @@ def generate(model_path: str, prompts: list[list[int]], s: EvalSettings) -> list
     """`s.n` samples of each prompt (sorted by prompt) from a vLLM engine started for them and shut down after."""
     on_gpu = torch.cuda.is_available()
     engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32", max(map(len, prompts)) + s.max_tokens,
-                           1, s.gpu_memory_utilization, s.seed, len(prompts) * s.n)
+                           s.gpu_memory_utilization, s.seed, len(prompts) * s.n)
     try:
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values

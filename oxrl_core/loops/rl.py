@@ -27,7 +27,8 @@ from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
-from oxrl_core.training.group import TrainGroup, ray_cluster
+from oxrl_core.placement import ray_cluster
+from oxrl_core.training.group import TrainGroup
 
 def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
@@ -61,9 +62,10 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                "history": []}
     reward_errors = open(run_dir / "reward_errors.jsonl", "a")
 
-    with crash_report(run_dir, config_yaml), log, ray_cluster():
-        group = TrainGroup(config, model_path, run_dir / "logs")
-        pool = RolloutPool(config, model_path, run_dir / "logs")
+    with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
+        group = TrainGroup(config, model_path, run_dir / "logs", reservation)
+        pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group)
+        console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines)}")
 
         def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
             return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
@@ -93,7 +95,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
         def refresh() -> None:
             nonlocal policy_version
             policy_version += 1
-            pool.refresh(group, policy_version)
+            pool.refresh(policy_version)
 
         def save(step: int, final: bool) -> None:
             tag = f"step-{step}"

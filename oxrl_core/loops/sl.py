@@ -35,7 +35,8 @@ from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.engine import needs_reference_model
-from oxrl_core.training.group import TrainGroup, ray_cluster
+from oxrl_core.placement import ray_cluster
+from oxrl_core.training.group import TrainGroup
 
 LOADERS = {"conversations": load_sft_examples, "pairs": load_preference_examples, "unpaired": load_unpaired_examples,
            "text": load_text_blocks}
@@ -88,14 +89,15 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
     reference_model = needs_reference_model(config)
     summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id,
                "history": []}
-    with crash_report(run_dir, config_yaml), log, ray_cluster():
-        group = TrainGroup(config, model_path, run_dir / "logs")
-        pool = RolloutPool(config, model_path, run_dir / "logs") if alg.generates else None
+    with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
+        group = TrainGroup(config, model_path, run_dir / "logs", reservation)
+        pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group) if alg.generates else None
+        console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines if pool else [])}")
         refreshed_at = 0  # the step whose weights the vLLM engines hold (their samples' policy version)
 
         def refresh(step: int) -> None:
             nonlocal refreshed_at
-            pool.refresh(group, policy_version=step)
+            pool.refresh(policy_version=step)
             refreshed_at = step
 
         def sample(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:

