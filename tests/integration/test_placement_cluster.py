@@ -1,0 +1,86 @@
+"""Placement on real Ray clusters: GPUs declared to Ray (no CUDA needed to place), and two Ray nodes on this machine
+joined through RAY_ADDRESS as a user's cluster would be."""
+
+import json
+import os
+import pytest
+import ray
+
+from oxrl_core.placement import Placement
+from oxrl_core.placement.groups import Reservation
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two_declared_gpus():
+    """A private cluster whose two GPUs exist for Ray's scheduler only: where actors land is what is tested."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def gpus_of(reservation: Reservation, ranks: int, engines: list[int]) -> tuple[list, list]:
+    """The GPUs Ray gives an actor placed as each rank and each engine worker would be."""
+
+    class Probe:  # defined here so that Ray ships it by value (this test module is not importable on its workers)
+        def gpus(self) -> list[str]:
+            return [str(g) for g in ray.get_gpu_ids()]
+
+    probe = ray.remote(Probe)
+    rank_gpus = ray.get([probe.options(**reservation.rank_options(r)).remote().gpus.remote() for r in range(ranks)])
+    worker_gpus = [ray.get([probe.options(**reservation.engine_worker_options(e, s)).remote().gpus.remote()
+                            for s in range(tp)]) for e, tp in enumerate(engines)]
+    return rank_gpus, worker_gpus
+
+
+@pytest.mark.own_ray_cluster
+def test_colocated_ranks_get_a_gpu_each_and_each_engine_worker_joins_one(two_declared_gpus):
+    """The layout that crashed with NCCL's "Duplicate GPU detected": 2 ranks + 2 engines on 2 GPUs."""
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 2, 1)), 2, [1, 1])
+    assert all(len(g) == 1 for g in ranks) and ranks[0] != ranks[1]
+    assert [w[0] for w in workers] == ranks  # engine i on rank i's GPU
+
+
+@pytest.mark.own_ray_cluster
+def test_a_tensor_parallel_engine_spans_the_ranks_gpus(two_declared_gpus):
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 1, 2)), 2, [2])
+    assert ranks[0] != ranks[1] and workers == [ranks]
+
+
+@pytest.mark.own_ray_cluster
+def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
+    ranks, workers = gpus_of(Reservation(Placement("split", True, 1, 1, 1)), 1, [1])
+    assert ranks[0] != workers[0][0]
+
+
+@pytest.fixture
+def two_node_cluster():
+    """Two Ray nodes on this machine (each its own raylet and object store), 2 CPU slots each."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 100 * 2**20})
+    cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.mark.own_ray_cluster
+def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tmp_path, tiny_model_dir, oxrl,
+                                                                             two_node_cluster):
+    """Split, 2 ranks + 2 engines: each node has room for one side only, so the weights cross nodes (gloo)."""
+    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  "data.val=null", f"run.output_dir={tmp_path}", "run.name=two-nodes", "train.steps=2", "train.batch_size=16",
+                  "train.micro_batch_size=4", "train.grad_accum=2", "rollout.n_samples=4", "rollout.engines=2",
+                  "rollout.placement=split", env={"RAY_ADDRESS": two_node_cluster.address})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "placement: split: 2 trainer CPU slot(s) + 2 engine CPU slot(s)" in result.stdout
+    where = json.loads((tmp_path / "two-nodes" / "placement.json").read_text())
+    trainer_nodes = {r["node_id"] for r in where["ranks"]}
+    engine_nodes = {w["node_id"] for e in where["engines"] for w in e}
+    assert len(trainer_nodes) == 1 and len(engine_nodes) == 1 and trainer_nodes != engine_nodes
+    summary = json.loads((tmp_path / "two-nodes" / "summary.json").read_text())
+    assert [h["policy_version"] for h in summary["history"]] == [1, 2]
+    assert summary["history"][1]["logprob_gap_abs"] < 0.05  # step 2 sampled from engines refreshed across nodes

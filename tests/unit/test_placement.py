@@ -1,0 +1,94 @@
+"""Placement rules and the weight broadcast's buckets: pure functions and one gloo round trip."""
+
+import threading
+
+import pytest
+import torch
+
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
+from oxrl_core.placement import Placement, decide
+from oxrl_core.placement.groups import free_port
+from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets
+
+
+def rl(ranks=1, engines=1, tp=1, placement="auto") -> RLConfig:
+    return RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": ranks},
+                                    "rollout": {"engines": engines, "tensor_parallel_size": tp, "placement": placement}})
+
+
+@pytest.mark.parametrize("ranks,engines,tp,gpus,mode,bundles", [
+    (1, 1, 1, 0, "split", 2),        # CPU: side by side, weights by gloo
+    (1, 1, 1, 1, "colocated", 1),    # one GPU: shared
+    (1, 1, 1, 2, "split", 2),        # two GPUs: one each
+    (2, 2, 1, 2, "colocated", 2),    # the layout that crashed: one rank and one engine per GPU
+    (2, 1, 2, 2, "colocated", 2),    # a tensor-parallel engine across both ranks' GPUs
+    (6, 2, 1, 8, "split", 8),
+    (8, 4, 2, 8, "colocated", 8),
+])
+def test_auto_shares_gpus_only_when_ranks_and_engines_do_not_fit_side_by_side(ranks, engines, tp, gpus, mode, bundles):
+    placement = decide(rl(ranks, engines, tp), gpus)
+    assert (placement.mode, placement.bundles, placement.on_gpu) == (mode, bundles, gpus > 0)
+    assert placement.weights_over_ipc == (mode == "colocated" and gpus > 0)
+
+
+def test_an_explicit_placement_is_kept():
+    assert decide(rl(2, 2, placement="colocated"), 0).mode == "colocated"
+    assert decide(rl(1, 1, placement="split"), 2).mode == "split"
+
+
+@pytest.mark.parametrize("ranks,engines,tp,gpus,placement,words", [
+    (1, 2, 1, 1, "auto", ["engines x tensor_parallel_size must be at most run.train_ranks"]),
+    (1, 1, 1, 1, "split", ["needs 2 GPUs (split)", "the cluster has 1"]),
+    (4, 1, 1, 2, "colocated", ["needs 4 GPUs (colocated)"]),
+    (1, 1, 2, 0, "auto", ["rollout.tensor_parallel_size=2", "needs GPUs"]),
+])
+def test_what_does_not_fit_is_refused_with_the_numbers(ranks, engines, tp, gpus, placement, words):
+    with pytest.raises(OxrlError) as error:
+        decide(rl(ranks, engines, tp, placement), gpus)
+    assert all(w in str(error.value) for w in words), str(error.value)
+
+
+def test_a_run_that_samples_nothing_places_only_its_ranks():
+    sft = SLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 2}})
+    assert decide(sft, 2) == Placement("split", True, 2, 0, 1)
+    with pytest.raises(OxrlError, match="run.train_ranks=2: the cluster has 1 GPU"):
+        decide(sft, 1)
+
+
+def spec(name, numel, dtype="float32"):
+    return WeightSpec(name, (numel,), dtype)
+
+
+def test_buckets_keep_order_stay_within_their_size_and_hold_one_dtype():
+    plan = [spec("a", 10), spec("b", 20), spec("c", 5), spec("d", 100), spec("e", 3, "bfloat16"), spec("f", 4, "bfloat16")]
+    cut = buckets(plan, bucket_bytes=30 * 4)
+    assert [[s.name for s in b] for b in cut] == [["a", "b"], ["c"], ["d"], ["e", "f"]]  # d alone: larger than a bucket
+    assert [s for b in cut for s in b] == plan
+
+
+def test_the_broadcast_delivers_every_weight_bucket_by_bucket():
+    """Trainer rank 0 and one engine worker over gloo (threads here; processes in a run): what arrives equals what
+    was sent, in plan order, with several buckets and two dtypes."""
+    torch.manual_seed(0)
+    weights = [("embed", torch.randn(7, 3)), ("norm", torch.randn(3)), ("head", torch.randn(5, 3).to(torch.bfloat16))]
+    plan = [WeightSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in weights]
+    port, received, errors = free_port(), [], []
+
+    def worker():
+        try:
+            channel = WeightChannel("127.0.0.1", port, 1, 2, plan, bucket_bytes=16 * 4)
+            received.extend((name, t.clone()) for name, t in channel.receive())
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    channel = WeightChannel("127.0.0.1", port, 0, 2, plan, bucket_bytes=16 * 4)
+    assert len(channel.buckets) == 3
+    channel.send(iter(weights))
+    thread.join(timeout=60)
+    assert not errors, errors
+    assert [n for n, _ in received] == [n for n, _ in weights]
+    for (_, sent), (_, got) in zip(weights, received):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
