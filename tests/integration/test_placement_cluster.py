@@ -84,3 +84,12 @@ def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tm
     summary = json.loads((tmp_path / "two-nodes" / "summary.json").read_text())
     assert [h["policy_version"] for h in summary["history"]] == [1, 2]
     assert summary["history"][1]["logprob_gap_abs"] < 0.05  # step 2 sampled from engines refreshed across nodes
+
+
+@pytest.mark.own_ray_cluster
+def test_the_doctor_compares_the_nodes_versions(two_node_cluster, monkeypatch):
+    from oxrl_core.doctor import probes
+
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
+    check = probes.ray_check(probes.Probe("ray_start", [], timeout=120).result())
+    assert check.status == "ok" and "2 node(s) with the same versions" in check.finding, check.finding

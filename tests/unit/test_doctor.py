@@ -273,3 +273,14 @@ def test_vllm_cpu_memory_reports_numa_node_0_and_warns_when_it_is_nearly_full(tm
     meminfo.write_text("Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:          524288 kB\n")
     check = system.vllm_cpu_memory_check(meminfo)
     assert check.status == "warn" and "0.5 GiB free" in check.finding and check.fix
+
+
+def test_a_cluster_whose_nodes_differ_in_versions_fails_naming_the_package_and_the_nodes():
+    same = {"python": "3.11.9", "torch": "2.13.0", "vllm-cpu": "0.32.0"}
+    result = {"address": "10.0.0.1:6379", "cpus": 64, "gpus": 16,
+              "nodes": {"10.0.0.1 (aaaa)": same, "10.0.0.2 (bbbb)": {**same, "torch": "2.12.0"}}}
+    check = probes.ray_check(result)
+    assert check.status == "fail"
+    assert "torch: 10.0.0.1 (aaaa) 2.13.0, 10.0.0.2 (bbbb) 2.12.0" in check.finding and "vllm" not in check.finding
+    result["nodes"]["10.0.0.2 (bbbb)"] = same
+    assert probes.ray_check(result).status == "ok" and "2 node(s) with the same versions" in probes.ray_check(result).finding
