@@ -19,7 +19,8 @@ import torch
 
 from oxrl_core.config import load_rl_config
 from oxrl_core.loops.rl import _loss_kwargs
-from oxrl_core.training.group import TrainGroup, ray_cluster
+from oxrl_core.placement import ray_cluster
+from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.logprobs import _rows_backward, _rows_forward, token_logprobs
 from rl_step import prepare
 
@@ -43,7 +44,12 @@ def micro_batches(config) -> list[list[dict]]:
 
 def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float) -> dict:
     config, model_path = load_rl_config(config_path, overrides)
-    group = TrainGroup(config, model_path, config_path.parent / "train-phase-logs")
+    with ray_cluster(config) as reservation:
+        return time_group(TrainGroup(config, model_path, config_path.parent / "train-phase-logs", reservation), config,
+                          overrides, model_flops, attention_flops)
+
+
+def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float) -> dict:
     per_rank = micro_batches(config)
     kwargs = _loss_kwargs(config, float(SEQUENCES * RESPONSE), SEQUENCES)
     logprob_s, train_s = [], []
@@ -122,14 +128,13 @@ def main() -> None:
     attention_flops = 4 * model_config["num_hidden_layers"] * model_config["hidden_size"] * seq * SEQUENCES * seq
     results = {"logprobs_op": logprobs_op(), "variants": []}
     print(json.dumps(results["logprobs_op"]))
-    with ray_cluster():
-        for variant in args.variants:
-            overrides = [] if variant == "base" else variant.split()
-            try:
-                results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops))
-            except Exception as e:  # one failing variant (out of memory, say) must not lose the others
-                results["variants"].append({"overrides": overrides, "error": repr(e)[:500]})
-            print(json.dumps(results["variants"][-1]), flush=True)
+    for variant in args.variants:
+        overrides = [] if variant == "base" else variant.split()
+        try:
+            results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops))
+        except Exception as e:  # one failing variant (out of memory, say) must not lose the others
+            results["variants"].append({"overrides": overrides, "error": repr(e)[:500]})
+        print(json.dumps(results["variants"][-1]), flush=True)
     (args.out / "train_phase.json").write_text(json.dumps(results, indent=2))
 
 
