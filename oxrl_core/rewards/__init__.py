@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.rewards.code import code_reward
+from oxrl_core.rewards.code import check_sandbox, code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
 
 RewardFn = Callable[[str, dict], float]
@@ -21,9 +21,11 @@ REWARD_MODEL_KWARGS = ("path", "batch_size")
 
 def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
     """A shipped reward by name, or any importable `module:function`; kwargs are bound now.
-    `reward-model` loads the model now, so that a bad folder fails before any engine starts."""
+    `reward-model` loads the model now, and `code` tries its sandbox, so that either fails before any engine starts."""
     if spec == "reward-model":
         return _reward_model(kwargs)
+    if spec == "code":
+        check_sandbox(kwargs.get("sandbox", "jail"))
     if spec in REWARDS:
         fn = REWARDS[spec]
     elif ":" in spec:
