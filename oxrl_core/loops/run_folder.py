@@ -1,6 +1,9 @@
-"""The run folder shared by every loop: refusing to overwrite, resuming, data reports."""
+"""The run folder shared by every loop: refusing to overwrite, resuming, checkpoints, data reports."""
 
+import errno
 import json
+import os
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -40,6 +43,40 @@ def resume_state(ds_dir: Path) -> dict:
         raise OxrlError(f"--resume: {ds_dir.parent} holds no checkpoint ({latest} is missing); run without --resume to start")
     tag = latest.read_text().strip()
     return {"tag": tag, **json.loads((ds_dir / tag / "oxrl_state.json").read_text())}
+
+
+def save_checkpoint(group, run_dir: Path, step: int, final: bool, loop_state: dict, tokenizer_dir: str) -> Path:
+    """Step `step`'s checkpoint: DeepSpeed's state and the loop's (`ds/step-N`, what --resume reads) and the Hugging
+    Face folder (`checkpoint-N`, or `final`), which it returns. `ds/latest` is replaced last, so it always names a
+    complete checkpoint. On a full disk the partial checkpoint is removed and the error is one line."""
+    ds_dir, tag = run_dir / "ds", f"step-{step}"
+    hf_dir = run_dir / ("final" if final else f"checkpoint-{step:06d}")
+    try:
+        group.call("save_checkpoint", ds_dir=ds_dir, tag=tag)
+        (ds_dir / tag / "oxrl_state.json").write_text(json.dumps({"step": step, **loop_state}))
+        group.call("save_hf", out_dir=hf_dir, tokenizer_dir=tokenizer_dir)
+        (ds_dir / "latest.tmp").write_text(tag)
+        os.replace(ds_dir / "latest.tmp", ds_dir / "latest")
+    except Exception as e:
+        if not _disk_full(e, run_dir):
+            raise
+        latest = ds_dir / "latest"
+        kept = latest.read_text().strip() if latest.is_file() else None
+        for partial_dir in (ds_dir / tag, hf_dir) if tag != kept else (hf_dir,):
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        raise OxrlError(f"checkpoint of step {step}: no space left on the disk of {run_dir}; "
+                        + (f"the last complete checkpoint ({kept}) is intact: free space and rerun with --resume"
+                           if kept else "no earlier checkpoint exists: free space and run again")) from None
+    return hf_dir
+
+
+def _disk_full(error: BaseException, path: Path) -> bool:
+    """Writers report a full disk differently (OSError 28, safetensors' "os error 28", torch's bare "unexpected
+    pos" from its zip writer, each possibly inside a Ray task error): the message or errno, else the disk itself."""
+    text = str(error)
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text or "os error 28" in text:
+        return True
+    return shutil.disk_usage(path).free < 16 * 1024**2
 
 
 def refuse_overwrite(ds_dir: Path) -> dict:

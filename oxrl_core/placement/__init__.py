@@ -15,6 +15,8 @@ On CPU the bundles are CPU slots and the weights always travel through the proce
 
 import logging
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -99,11 +101,33 @@ def start_ray(num_cpus: int | None = None) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, object_store_memory=256 * 1024**2)
+    with _signals_held():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING, object_store_memory=256 * 1024**2)
+
+
+@contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait until the block is done, then go to the handlers from before it. ray.init stopped
+    half-way leaves processes behind that ray.shutdown does not know of, and it takes SIGTERM for itself (a handler
+    that exits at once, and its C++ logging's that aborts) where a training run's handler checkpoints first."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread has signal handlers
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    arrived = []
+    for s in previous:
+        signal.signal(s, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for s in arrived[:1]:
+        signal.raise_signal(s)
 
 
 @contextmanager
@@ -115,8 +139,8 @@ def ray_cluster(config: SLConfig | RLConfig | None = None):
     placement = None
     if config is not None and not os.environ.get("RAY_ADDRESS"):
         placement = decide(config, local_gpus())
-    start_ray(max(os.cpu_count() or 1, placement.bundles) if placement else None)
     try:
+        start_ray(max(os.cpu_count() or 1, placement.bundles) if placement else None)
         if config is not None and placement is None:
             placement = decide(config, int(ray.cluster_resources().get("GPU", 0)))
         from oxrl_core.placement.groups import Reservation

@@ -39,7 +39,8 @@ class MlflowLog:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+        stopped = exc_type is not None and not issubclass(exc_type, Exception)  # KeyboardInterrupt, a signal's Stopped
+        status = "FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED"
         self.client.set_terminated(self.run_id, status=status)
 
 

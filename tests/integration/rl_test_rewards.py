@@ -1,5 +1,8 @@
 """Rewards for the RL integration tests, imported by `module:function` (PYTHONPATH is this folder)."""
 
+import os
+import time
+
 
 def digit_share(response: str, sample: dict) -> float:
     """Signal even from random weights: the share of digits in the response."""
@@ -14,3 +17,16 @@ def raises_on_odd_length(response: str, sample: dict) -> float:
 
 def nan(response: str, sample: dict) -> float:
     return float("nan")
+
+
+def digit_share_pausing_once(response: str, sample: dict) -> float:
+    """`digit_share`; with $PAUSE_FILE set, the run's first call creates that file and waits until the test, having
+    signalled the run, removes it: the signal comes in step 1, at a known point."""
+    pause = os.environ.get("PAUSE_FILE")
+    if pause and not os.path.exists(pause + ".taken"):
+        open(pause + ".taken", "w").close()
+        open(pause, "w").close()
+        deadline = time.monotonic() + 120
+        while os.path.exists(pause) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return digit_share(response, sample)

@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,32 @@ def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts
     assert got["step"] == 2 and got["policy_version"] == 2
     for key in ("reward_mean", "response_length", "loss", "grad_norm", "entropy"):
         assert abs(expected[key] - got[key]) <= 1e-6, (key, expected[key], got[key])
+
+
+@pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "ctrl-c"])
+def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_uninterrupted_weights(
+        tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled, two_step_run, signum, to_group):
+    whole = two_step_run("cispo")
+    pause = tmp_path / "pause"
+    args = rl_args("cispo", tiny_model_dir, prompts, tmp_path, "run", "train.steps=2",
+                   "reward.func=rl_test_rewards:digit_share_pausing_once")
+    # step 1's reward waits while the pause file exists: the signal lands in step 1, then the step goes on
+    stopped = oxrl_signalled(args, lambda stdout: pause.exists(), signum, to_group,
+                             env={"PYTHONPATH": str(HERE), "PAUSE_FILE": str(pause)}, after_signal=pause.unlink)
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert stopped.seconds_to_exit < 60
+    assert (tmp_path / "run" / "ds" / "latest").read_text() == "step-1"
+    last_line = stopped.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"stopped by {signum.name} after step 1; to continue: oxrl train rl ") and \
+        last_line.endswith(" --resume"), last_line
+    assert stopped.leftover_processes == [] and stopped.leftover_shm == []
+
+    resumed = oxrl_rl(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = _safetensors(whole / "final"), _safetensors(tmp_path / "run" / "final")
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    assert history(tmp_path / "run")[0]["step"] == 2  # the resumed run trained step 2 itself
 
 
 def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes(tmp_path, tiny_model_dir, prompts, oxrl_rl):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 from pathlib import Path
 import sys
@@ -200,3 +202,46 @@ def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
         assert after_rl >= after_sft + 0.05, (decoding, after_sft, after_rl)
     curves = next(Path(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("curves "))
     assert curves.is_file() and curves.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
+@pytest.mark.parametrize("signum, to_group, starting", [(signal.SIGTERM, False, "ray"), (signal.SIGINT, True, "ranks")],
+                         ids=["sigterm-starting-ray", "ctrl-c-starting-ranks"])
+def test_a_signal_during_start_up_stops_the_run_at_once_leaving_nothing(tmp_path, tiny_model_dir, arithmetic,
+                                                                        oxrl_signalled, signum, to_group, starting):
+    def when(stdout: str) -> bool:  # the data are read before Ray starts; a rank's log opens as the rank starts
+        return "records used" in stdout if starting == "ray" else (tmp_path / "run" / "logs" / "rank0.log").exists()
+
+    stopped = oxrl_signalled(sft_args(tiny_model_dir, arithmetic, tmp_path, "run", "train.steps=50"), when, signum,
+                             to_group)
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert stopped.seconds_to_exit < 60
+    last_line = stopped.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"stopped by {signum.name} during start-up; nothing to resume; to start: oxrl train sl")
+    assert not (tmp_path / "run" / "ds" / "latest").exists() and not (tmp_path / "run" / "crash.txt").exists()
+    assert stopped.leftover_processes == [] and stopped.leftover_shm == []
+
+
+@pytest.mark.own_ray_cluster  # the ranks must run in the mount namespace that holds the small disk
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_checkpoint_resumes(tmp_path, tiny_model_dir,
+                                                                                     arithmetic, oxrl):
+    """The run folder lies on an 8 MB tmpfs: step 1's checkpoint (about 5.5 MB) fits, step 2's does not."""
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    disk.mkdir()
+    args = sft_args(tiny_model_dir, arithmetic, disk, "run", "train.steps=3", "run.checkpoint_every=1", "data.val=null",
+                    f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")
+    oxrl_script = Path(sys.executable).parent / "oxrl"
+    script = (f"mount -t tmpfs -o size=8m tmpfs {disk} && {oxrl_script} {shlex.join(args)}; code=$?; "
+              f"cp -r {disk}/run {kept}; exit $code")
+    full = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=600)
+    assert full.returncode == 2, full.stderr[-3000:]
+    error = full.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: checkpoint of step 2: no space left on the disk of ") and \
+        "the last complete checkpoint (step-1) is intact" in error, error
+    assert (kept / "ds" / "latest").read_text() == "step-1" and not (kept / "ds" / "step-2").exists()
+    # the checkpoint left is complete: the run resumes from it (in a folder with room) and finishes
+    resumed = oxrl(*sft_args(tiny_model_dir, arithmetic, tmp_path, "kept", "train.steps=3", "data.val=null",
+                             f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((kept / "summary.json").read_text())["first_step"] == 2
