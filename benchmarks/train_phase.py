@@ -4,8 +4,9 @@ The model and config of `rl_step.py` (built under --out when missing);
 synthetic rollouts of the same size (512 sequences of 128 + 512 tokens). Each
 variant is a set of config overrides; its train step (CISPO) and old-logprob pass
 are timed over 3 steps after 1 warm-up, through the same TrainGroup as the loop.
-Also times the logprobs op alone, forward + backward: oxrl's Triton kernels and its per-row float32 path
-against a full [B, T, V] float32 log-softmax (the naive baseline).
+First the output layer + logprobs op alone, forward + backward (`head_op`): oxrl's fused head against the logits
+path it replaced and a full [B, T, V] float32 log-softmax (the naive baseline), with the fused head's differences
+from the logits path (float32: within 1e-5; bf16).
 
     python benchmarks/train_phase.py --out DIR "VARIANT" ["VARIANT" ...]   # VARIANT: "k=v k=v" or "base"
 """
@@ -16,16 +17,18 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from oxrl_core.config import load_rl_config
 from oxrl_core.loops.rl import _loss_kwargs
 from oxrl_core.placement import ray_cluster
 from oxrl_core.training.group import TrainGroup
-from oxrl_core.training.logprobs import _rows_backward, _rows_forward, token_logprobs
+from oxrl_core.training.fused_head import fused_token_logprobs
+from oxrl_core.training.logprobs import token_logprobs_and_entropy
 from rl_step import prepare
 
 PEAK_FLOPS = 989e12
-SEQUENCES, PROMPT, RESPONSE, VOCAB = 512, 128, 512, 151936
+SEQUENCES, PROMPT, RESPONSE, VOCAB, HIDDEN = 512, 128, 512, 151936, 896
 
 
 def micro_batches(config) -> list[list[dict]]:
@@ -71,43 +74,59 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
             "peak_memory_gb": result.get("peak_memory_gb")}
 
 
-def logprobs_op(batch: int = 16) -> dict:
-    """Forward + backward of the logprobs op on bf16 logits [batch, 640, V]: seconds and peak memory of a full
-    float32 log-softmax, of the per-row float32 path (oxrl's CPU path) and of the Triton kernels (its CUDA path),
-    and the largest difference of the Triton kernels' logprobs and gradients from the float32 log-softmax's."""
-    logits = torch.randn(batch, PROMPT + RESPONSE, VOCAB, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    ids = torch.randint(0, VOCAB, (batch, PROMPT + RESPONSE), device="cuda")
-    weights = torch.randn(batch, PROMPT + RESPONSE - 1, device="cuda")
+def head_op(batch: int = 16) -> dict:
+    """Forward + backward of the output layer and the logprobs and entropies at Qwen2.5-0.5B's shape: bf16 hidden
+    states [batch, 640, 896] and weight [151936, 896], a loss weighting both outputs per token. Seconds and extra peak
+    memory of the naive float32 log-softmax of the logits, of the logits path (bf16 logits [batch, 640, V], then the
+    Triton kernels: the engine before the fused head) and of the fused head (the engine now). Then how far the fused
+    head is from the logits path, in float32 (hidden and weight in float32, 4 sequences: logprobs and entropies must
+    agree within 1e-5) and in bf16, where both are also held to the float32 log-softmax of the same bf16 inputs (a
+    chunk's product may round a bf16 logit one unit away from the whole product's): largest absolute differences of
+    the values, of the gradients relative to the largest gradient entry."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    seq = PROMPT + RESPONSE
+    hidden = torch.randn(batch, seq, HIDDEN, device="cuda", generator=g).bfloat16()
+    weight = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=g) * 0.1).bfloat16()  # logits of std 3
+    ids = torch.randint(0, VOCAB, (batch, seq), device="cuda", generator=g)
+    loss_weights = torch.randn(2, batch, seq - 1, device="cuda", generator=g)
 
-    def naive():
-        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        return log_p.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    def naive(h, w, ids):
+        log_p = torch.log_softmax(F.linear(h, w)[:, :-1].float(), dim=-1)
+        return log_p.gather(-1, ids[:, 1:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
 
-    def rows():
-        with torch.no_grad():
-            logprobs, lse, _ = _rows_forward(logits, ids[:, 1:], 1.0, False)
-            logits.grad = _rows_backward(logits, ids[:, 1:], lse, weights, 1.0)
+    variants = {"full_fp32_log_softmax": naive, "logits_path": lambda h, w, ids: token_logprobs_and_entropy(F.linear(h, w), ids),
+                "fused_head": lambda h, w, ids: fused_token_logprobs(h, w, ids, with_entropy=True)}
+
+    def run(fn, h, w, n=batch):
+        """(logprobs, entropy, grad_hidden, grad_weight) of the first n sequences."""
+        h, w = h[:n].detach().requires_grad_(), w.detach().requires_grad_()
+        logprobs, entropy = fn(h, w, ids[:n])
+        ((logprobs * loss_weights[0, :n]).sum() + (entropy * loss_weights[1, :n]).sum()).backward()
+        return logprobs.detach(), entropy.detach(), h.grad, w.grad
+
+    def differences(got, reference):
+        values = {name: (a.float() - b.float()).abs().max().item() for name, a, b in zip(("logprobs", "entropy"), got, reference)}
+        return values | {name: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                         for name, a, b in zip(("grad_hidden_rel", "grad_weight_rel"), got[2:], reference[2:])}
 
     out = {}
-    for name, fn in (("full_fp32_log_softmax", lambda: (naive() * weights).sum().backward()), ("per_row_fp32", rows),
-                     ("triton", lambda: (token_logprobs(logits, ids) * weights).sum().backward())):
+    for name, fn in variants.items():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            fn()
+            run(fn, hidden, weight)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-            logits.grad = None
         out[name] = {"seconds": sorted(times)[2], "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30}
-    (naive() * weights).sum().backward()
-    reference_logprobs, reference_grad = naive().detach(), logits.grad
-    logits.grad = None
-    (token_logprobs(logits, ids) * weights).sum().backward()
-    out["triton_max_abs_error"] = {"logprobs": (token_logprobs(logits, ids) - reference_logprobs).abs().max().item(),
-                                   "grad": (logits.grad.float() - reference_grad.float()).abs().max().item()}
+    fp32 = [run(variants[name], hidden.float(), weight.float(), 4) for name in ("fused_head", "logits_path")]
+    bf16 = {name: run(fn, hidden, weight, 4) for name, fn in variants.items()}
+    reference = run(naive, hidden.float(), weight.float(), 4)  # float32 all the way, from the same bf16 inputs
+    out["fused_vs_logits_path"] = {"float32": differences(*fp32), "bf16": differences(bf16["fused_head"], bf16["logits_path"]),
+                                   "bf16_fused_vs_fp32": differences(bf16["fused_head"], reference),
+                                   "bf16_logits_path_vs_fp32": differences(bf16["logits_path"], reference)}
     return out
 
 
@@ -126,8 +145,8 @@ def main() -> None:
     model_config = json.loads((args.out / "qwen2.5-0.5b-shape" / "config.json").read_text())
     seq = PROMPT + RESPONSE
     attention_flops = 4 * model_config["num_hidden_layers"] * model_config["hidden_size"] * seq * SEQUENCES * seq
-    results = {"logprobs_op": logprobs_op(), "variants": []}
-    print(json.dumps(results["logprobs_op"]))
+    results = {"head_op": head_op(), "variants": []}
+    print(json.dumps(results["head_op"]))
     for variant in args.variants:
         overrides = [] if variant == "base" else variant.split()
         try:

@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -18,7 +19,8 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, gpu_uuid, share_over_ipc
-from oxrl_core.training.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy_metric
+from oxrl_core.training.fused_head import LogprobsHead
+from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -107,6 +109,9 @@ class TrainEngine:
             model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                      target_modules=lora.target_modules,
                                                      task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
+        # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
+        # DeepSpeed wraps the model, so that its ZeRO-3 hooks gather the weight around the fused op.
+        self.policy_head = LogprobsHead.replace_output_layer(model.get_base_model() if config.lora.enabled else model)
         self.critic = isinstance(config, RLConfig) and config.train.alg == "ppo"
         if self.critic:
             model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, model_dtype(config))
@@ -123,17 +128,18 @@ class TrainEngine:
         if config.model.compile:
             self.engine.compile()
 
-        def frozen(path: str):
-            """A model that only runs forwards; under ZeRO-3 it is sharded like the policy."""
+        def frozen(path: str) -> tuple:
+            """A model that only runs forwards, and its LogprobsHead (or None); under ZeRO-3 sharded like the policy."""
             model = AutoModelForCausalLM.from_pretrained(path, **load).eval()
             model.requires_grad_(False)
+            head = LogprobsHead.replace_output_layer(model)
             if self.zero3:
                 model = deepspeed.initialize(model=model, config=ds_config)[0]
-            return model.to(self.engine.device)
+            return model.to(self.engine.device), head
 
-        # The starting policy, for a KL term or reference logprobs; KD's teacher.
-        self.reference = frozen(model_path) if needs_reference_model(config) else None
-        self.teacher = frozen(resolve_model(config.train.teacher)) if isinstance(config, SLConfig) and config.train.alg == "kd" else None
+        # The starting policy, for a KL term or reference logprobs; KD's teacher (whose head only gives logits).
+        self.reference, self.reference_head = frozen(model_path) if needs_reference_model(config) else (None, None)
+        self.teacher = frozen(resolve_model(config.train.teacher))[0] if isinstance(config, SLConfig) and config.train.alg == "kd" else None
         torch.manual_seed(train.seed + rank)  # per-rank stream for dropout
 
     # -- training ---------------------------------------------------------------
@@ -186,8 +192,7 @@ class TrainEngine:
     def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
         self.engine.eval()
-        model = self.reference if reference else self.engine
-        return [self._forward(self._to_device(b), temperature, model=model)["logprobs"].cpu() for b in micro_batches]
+        return [self._forward(self._to_device(b), temperature, reference=reference)["logprobs"].cpu() for b in micro_batches]
 
     @torch.no_grad()
     def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -199,32 +204,40 @@ class TrainEngine:
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.engine.device) for k, v in batch.items()}
 
-    def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, model=None) -> dict:
-        """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens; `values` (the critic's estimate
-        of the state before each token) when the model has a value head; the policy's `entropy` at each
-        position when asked, with its gradient (`grad`) or as a metric (`metric`). KD adds both models'
-        `logits` [B, T-1, V]; a reward model gives only its `scores` [B]."""
-        model = model or self.engine
-        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, reference: bool = False) -> dict:
+        """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens (the frozen reference's with
+        `reference`); `values` (the critic's estimate of the state before each token) when the model has a value head;
+        the policy's `entropy` at each position when asked, with its gradient (`grad`) or as a metric (`metric`). KD
+        adds both models' `logits` [B, T-1, V]; a reward model gives only its `scores` [B]."""
+        model, head = (self.reference, self.reference_head) if reference else (self.engine, self.policy_head)
+        inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         if self.reward_model:
-            return {"scores": output.logits[:, 0]}  # [B]
-        logits, values = output if isinstance(output, tuple) else (output.logits, None)
-        if entropy == "metric":  # from the logprobs' own softmax
-            logprobs, entropy_metric = token_logprobs_and_entropy_metric(logits, batch["input_ids"], temperature)
-            outputs = {"logprobs": logprobs, "entropy": entropy_metric}
+            return {"scores": model(**inputs).logits[:, 0]}  # [B]
+        # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
+        # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a
+        # bias-free linear one (a LoRA adapter on lm_head), which have no LogprobsHead.
+        fused = head is not None and self.teacher is None
+        with head.scoring(batch["input_ids"], temperature, entropy is not None) if fused else nullcontext():
+            output = model(**inputs)
+        # what the output layer gave (PPO's value head returns it beside the values)
+        head_output, values = output if isinstance(output, tuple) else (output.logits, None)
+        if fused:
+            logprobs, entropy_values = head_output  # [B, T-1] each, the entropy None unless asked
+        elif entropy is not None:
+            logprobs, entropy_values = token_logprobs_and_entropy(head_output, batch["input_ids"], temperature)
         else:
-            outputs = {"logprobs": token_logprobs(logits, batch["input_ids"], temperature)}
-        if entropy == "grad":  # a second full-vocabulary softmax, differentiable
-            outputs["entropy"] = token_entropy(logits, temperature)
+            logprobs = token_logprobs(head_output, batch["input_ids"], temperature)
+        outputs = {"logprobs": logprobs}
+        if entropy is not None:  # from the logprobs' own softmax; only PPO's bonus needs its gradient
+            outputs["entropy"] = entropy_values if entropy == "grad" else entropy_values.detach()
         if values is not None:
             outputs["values"] = values[:, :-1]
-        if self.teacher is not None and model is self.engine:  # KD: both full distributions, [B, T-1, V]
+        if self.teacher is not None and not reference:  # KD: both full distributions, [B, T-1, V]
             with torch.no_grad():
-                teacher_logits = self.teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                              use_cache=False).logits
+                teacher_logits = self.teacher(**inputs).logits
             # Same tokenizer (checked at load), but embedding tables may be padded to different sizes.
-            vocab = min(logits.shape[-1], teacher_logits.shape[-1])
-            outputs |= {"logits": logits[:, :-1, :vocab], "teacher_logits": teacher_logits[:, :-1, :vocab]}
+            vocab = min(head_output.shape[-1], teacher_logits.shape[-1])
+            outputs |= {"logits": head_output[:, :-1, :vocab], "teacher_logits": teacher_logits[:, :-1, :vocab]}
         return outputs
 
     # -- checkpoints ------------------------------------------------------------

@@ -4,8 +4,13 @@ The training phase's logprobs over a 150k vocabulary are memory-bound: bf16 logi
 [B, T, V] are 6 GB for 32 x 640 tokens. The forward kernel streams each predicting row
 once with an online softmax (running max, rescaled sums: Milakov & Gimelshein 2018,
 arXiv 1805.02867), keeping only three floats per row; the backward kernel streams it
-once more and writes the gradient, (onehot(target) - softmax(x/T)) * grad / T, straight
-in the logits' dtype. No float32 copy of a row ever exists.
+once more and writes the gradient, (onehot(target) - softmax(x/T)) * grad / T (plus the
+entropy's term when it has a gradient), straight in the logits' dtype. No float32 copy
+of a row ever exists.
+
+Both take the predicting rows as a [B, P, V] view (each row contiguous): the logits'
+first T-1 positions, or one chunk of the fused head's (`fused_head.py`). The backward
+may write over its input: each program reads a block before it writes it.
 
 Works on any device Triton runs on; `logprobs.py` calls it for CUDA tensors and the
 tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1).
@@ -46,44 +51,55 @@ def _forward_kernel(logits, stride_b, stride_t, targets, logprobs, lse, entropy,
 
 
 @triton.jit
-def _backward_kernel(logits, grad_logits, stride_b, stride_t, targets, lse, grad, positions, vocab, inv_temperature,
-                     BLOCK: tl.constexpr):
+def _backward_kernel(logits, grad_logits, stride_b, stride_t, targets, lse, grad, entropy, grad_entropy, positions,
+                     vocab, inv_temperature, WITH_ENTROPY_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_offset = (row // positions) * stride_b + (row % positions) * stride_t
     scale = tl.load(grad + row) * inv_temperature
     row_lse = tl.load(lse + row)
-    target = tl.load(targets + row)
+    target = tl.load(targets + row)  # outside [0, vocab) when the row's target lies in another slice
+    if WITH_ENTROPY_GRAD:
+        entropy_scale = tl.load(grad_entropy + row) * inv_temperature
+        row_entropy = tl.load(entropy + row)
     cols = tl.arange(0, BLOCK)
     for offset in range(0, vocab, BLOCK):
         inside = offset + cols < vocab
         x = tl.load(logits + row_offset + offset + cols, mask=inside, other=0.0).to(tl.float32) * inv_temperature
+        log_p = x - row_lse
+        p = tl.exp(log_p)
         onehot = tl.where(offset + cols == target, 1.0, 0.0)
-        row_grad = scale * (onehot - tl.exp(x - row_lse))
+        row_grad = scale * (onehot - p)
+        if WITH_ENTROPY_GRAD:
+            row_grad = row_grad - entropy_scale * p * (log_p + row_entropy)  # dH/dx = -p (log p + H)
         tl.store(grad_logits + row_offset + offset + cols, row_grad.to(grad_logits.dtype.element_ty), mask=inside)
 
 
 def logprobs_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                      with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [B, T, V] (contiguous), targets [B, T-1] -> logprobs, logsumexps and entropies (or an empty
-    tensor), each float32 [B, T-1], of softmax(logits[:, :-1] / temperature)."""
-    batch, length, vocab = logits.shape
-    logprobs = torch.empty(batch, length - 1, dtype=torch.float32, device=logits.device)
+    """logits [B, P, V] (predicting rows, each contiguous), targets [B, P] -> logprobs, logsumexps and entropies
+    (or an empty tensor), each float32 [B, P], of softmax(logits / temperature)."""
+    batch, positions, vocab = logits.shape
+    assert logits.stride(2) == 1
+    logprobs = torch.empty(batch, positions, dtype=torch.float32, device=logits.device)
     lse = torch.empty_like(logprobs)
     entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
-    _forward_kernel[(batch * (length - 1),)](
-        logits, logits.stride(0), logits.stride(1), targets.contiguous(), logprobs, lse, entropy, length - 1, vocab,
+    _forward_kernel[(batch * positions,)](
+        logits, logits.stride(0), logits.stride(1), targets.contiguous(), logprobs, lse, entropy, positions, vocab,
         1.0 / temperature, WITH_ENTROPY=with_entropy, BLOCK=BLOCK, num_warps=8)
     return logprobs, lse, entropy
 
 
 def logprobs_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
-                      temperature: float) -> torch.Tensor:
-    """The logits' gradient [B, T, V] (their dtype) given the logprobs' gradient `grad` [B, T-1]:
-    grad * (onehot(target) - softmax(x / T)) / T at each predicting position, 0 at the last."""
-    batch, length, vocab = logits.shape
-    grad_logits = torch.empty_like(logits)
-    grad_logits[:, -1] = 0
-    _backward_kernel[(batch * (length - 1),)](
-        logits, grad_logits, logits.stride(0), logits.stride(1), targets.contiguous(), lse, grad.float().contiguous(),
-        length - 1, vocab, 1.0 / temperature, BLOCK=BLOCK, num_warps=8)
-    return grad_logits
+                      temperature: float, entropy: torch.Tensor, grad_entropy: torch.Tensor | None,
+                      out: torch.Tensor) -> None:
+    """Write the gradient of the logits [B, P, V] into `out` (their shape, strides and dtype; may be `logits`), given
+    the logprobs' gradient `grad` [B, P] and, when the entropies [B, P] have one, `grad_entropy` [B, P]:
+    (grad (onehot(target) - p) - grad_entropy p (log p + H)) / T, p = softmax(logits / T). A target outside [0, V)
+    adds no onehot term (a slice of the vocabulary that does not hold it)."""
+    batch, positions, vocab = logits.shape
+    assert logits.stride(2) == 1 and out.stride() == logits.stride()
+    with_entropy_grad = grad_entropy is not None
+    _backward_kernel[(batch * positions,)](
+        logits, out, logits.stride(0), logits.stride(1), targets.contiguous(), lse.contiguous(), grad.float().contiguous(),
+        entropy.contiguous() if with_entropy_grad else lse, grad_entropy.float().contiguous() if with_entropy_grad else lse,
+        positions, vocab, 1.0 / temperature, WITH_ENTROPY_GRAD=with_entropy_grad, BLOCK=BLOCK, num_warps=8)

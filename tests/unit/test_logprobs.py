@@ -1,4 +1,5 @@
-"""Per-row float32 logprobs and entropies against a float64 full-vocabulary reference, values and gradients."""
+"""Per-row float32 logprobs and entropies against a float64 full-vocabulary reference, values and gradients; the
+Triton kernels too, on CPU through Triton's interpreter."""
 
 import math
 import os
@@ -8,7 +9,7 @@ import sys
 import torch
 
 from oxrl_core.training import triton_logprobs
-from oxrl_core.training.logprobs import token_entropy, token_kl, token_logprobs, token_logprobs_and_entropy_metric
+from oxrl_core.training.logprobs import token_kl, token_logprobs, token_logprobs_and_entropy
 
 
 def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,25 +24,26 @@ def test_logprobs_and_entropy_match_the_full_softmax_with_their_gradients():
     weights_lp, weights_h = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
     for temperature in (1.0, 0.7):
         mine = logits.clone().requires_grad_()
-        lp, h = token_logprobs(mine, ids, temperature), token_entropy(mine, temperature)
+        lp, h = token_logprobs_and_entropy(mine, ids, temperature)
         ((lp * weights_lp).sum() + (h * weights_h).sum()).backward()
         ref = logits.double().requires_grad_()
         ref_lp, ref_h = reference(ref, ids, temperature)
         ((ref_lp * weights_lp.double()).sum() + (ref_h * weights_h.double()).sum()).backward()
         assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(h.double(), ref_h, atol=1e-5)
         assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-5)
+        assert (mine.grad[:, -1] == 0).all()  # the last position predicts nothing
+        assert torch.equal(token_logprobs(logits, ids, temperature), lp.detach())
 
 
-def test_entropy_metric_from_the_logprobs_softmax_matches_and_leaves_the_logprob_gradient_alone():
+def test_an_entropy_reported_as_a_metric_leaves_the_logprob_gradient_alone():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 7, 40, generator=g) * 2
     ids = torch.randint(0, 40, (2, 7), generator=g)
     weights = torch.randn(2, 6, generator=g)
     for temperature in (1.0, 0.6):
         mine = logits.clone().requires_grad_()
-        lp, h = token_logprobs_and_entropy_metric(mine, ids, temperature)
-        assert not h.requires_grad
-        (lp * weights).sum().backward()
+        lp, h = token_logprobs_and_entropy(mine, ids, temperature)
+        (lp * weights).sum().backward()  # the entropy gets no gradient
         ref = logits.double().requires_grad_()
         ref_lp, ref_h = reference(ref, ids, temperature)
         (ref_lp * weights.double()).sum().backward()
@@ -49,23 +51,36 @@ def test_entropy_metric_from_the_logprobs_softmax_matches_and_leaves_the_logprob
         assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-5)
 
 
+def test_logprobs_and_entropy_gradients_pass_gradcheck_in_float64():
+    g = torch.Generator().manual_seed(6)
+    logits = (torch.randn(2, 4, 9, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    ids = torch.randint(0, 9, (2, 4), generator=g)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_and_entropy(x, ids, 0.8), (logits,))
+
+
 BLOCK = triton_logprobs.BLOCK
 CHILD = """
 import sys, torch
-from oxrl_core.training.triton_logprobs import logprobs_backward, logprobs_forward
+from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 cases = torch.load(sys.argv[1])
 outputs = []
 for case in cases:
-    lp, lse, h = logprobs_forward(case["logits"], case["targets"], case["temperature"], case["with_entropy"])
-    grad = logprobs_backward(case["logits"], case["targets"], lse, case["weights"], case["temperature"])
-    outputs.append({"logprobs": lp, "lse": lse, "entropy": h, "grad": grad})
+    logits = case["logits"].clone().requires_grad_()
+    if case["entropy"] is None:
+        lp, h = token_logprobs(logits, case["ids"], case["temperature"]), None
+        loss = (lp * case["weights"][0]).sum()
+    else:
+        lp, h = token_logprobs_and_entropy(logits, case["ids"], case["temperature"])
+        loss = (lp * case["weights"][0]).sum() + (h * case["weights"][1]).sum() * (case["entropy"] == "grad")
+    loss.backward()
+    outputs.append({"logprobs": lp.detach(), "entropy": None if h is None else h.detach(), "grad": logits.grad})
 torch.save(outputs, sys.argv[2])
 """
 
 
 def interpreted(tmp_path, cases: list[dict]) -> list[dict]:
     """The CUDA path's Triton kernels run on CPU by Triton's interpreter, in a child process: TRITON_INTERPRET=1
-    has to be set before triton is first imported, and this process imported it compiled."""
+    has to be set before triton is first imported (and it sends CPU tensors down the Triton path)."""
     torch.save(cases, tmp_path / "cases.pt")
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
                    env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
@@ -80,17 +95,15 @@ def test_triton_kernels_match_the_full_softmax_across_vocabulary_blocks(tmp_path
     ids[0, 1], ids[1, 2] = vocab - 1, 2 * BLOCK  # targets in the last block
     logits[1, 3, 100] = 60.0  # a maximum that arrives in the first block and dominates
     logits[0, 0, vocab - 2] = 60.0  # and one that arrives only in the last block
-    weights = torch.randn(2, 4, generator=g)
-    temperatures = (1.0, 0.7)
-    cases = [{"logits": logits, "targets": ids[:, 1:], "temperature": t, "with_entropy": True, "weights": weights}
-             for t in temperatures]
-    for temperature, out in zip(temperatures, interpreted(tmp_path, cases)):
+    weights = torch.randn(2, 2, 4, generator=g)
+    cases = [{"logits": logits, "ids": ids, "temperature": t, "entropy": entropy, "weights": weights}
+             for t in (1.0, 0.7) for entropy in ("grad", "metric")]
+    for case, out in zip(cases, interpreted(tmp_path, cases)):
         ref = logits.double().requires_grad_()
-        ref_lp, ref_h = reference(ref, ids, temperature)
-        (ref_lp * weights.double()).sum().backward()
+        ref_lp, ref_h = reference(ref, ids, case["temperature"])
+        ((ref_lp * weights[0].double()).sum() + (ref_h * weights[1].double()).sum() * (case["entropy"] == "grad")).backward()
         assert torch.allclose(out["logprobs"].double(), ref_lp, atol=1e-5)
         assert torch.allclose(out["entropy"].double(), ref_h, atol=1e-4)
-        assert torch.allclose(out["lse"].double(), torch.logsumexp(logits[:, :-1].double() / temperature, -1), atol=1e-5)
         assert out["grad"].dtype == torch.bfloat16 and (out["grad"][:, -1] == 0).all()
         # one bf16 unit in the last place: the interpreter truncates to bf16 where the GPU rounds
         assert torch.allclose(out["grad"].double(), ref.grad, rtol=2**-7, atol=1e-6)
@@ -100,9 +113,9 @@ def test_triton_forward_without_entropy_gives_the_same_logprobs(tmp_path):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 4, 300, generator=g)
     ids = torch.randint(0, 300, (3, 4), generator=g)
-    case = {"logits": logits, "targets": ids[:, 1:], "temperature": 1.0, "weights": torch.ones(3, 3)}
-    with_h, without_h = interpreted(tmp_path, [case | {"with_entropy": True}, case | {"with_entropy": False}])
-    assert torch.equal(with_h["logprobs"], without_h["logprobs"]) and without_h["entropy"].numel() == 0
+    case = {"logits": logits, "ids": ids, "temperature": 1.0, "weights": torch.ones(2, 3, 3)}
+    with_h, without_h = interpreted(tmp_path, [case | {"entropy": "metric"}, case | {"entropy": None}])
+    assert torch.equal(with_h["logprobs"], without_h["logprobs"]) and torch.equal(with_h["grad"], without_h["grad"])
     assert torch.allclose(without_h["logprobs"].double(), reference(logits.double(), ids, 1.0)[0], atol=1e-5)
 
 
