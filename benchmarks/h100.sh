@@ -6,6 +6,9 @@
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
+#   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
+#                                                  # TRL's GRPOTrainer (colocated vLLM) then oxrl's step on rl_step.py's
+#                                                  # work (benchmarks/vs_trl.py); BENCH_TIMEOUT_S (default 540) bounds both
 # Logs and results go to $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}; WORK=/tmp/oxrl-gpu; mkdir -p "$OUT" "$WORK"
@@ -32,7 +35,21 @@ if [ "$stage" = phase ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | cli" >&2; exit 2; }
+if [ "$stage" = vs-trl ]; then
+  # trl and accelerate come staged from benchmarks/gpu-requirements.txt; each side runs in its own process, TRL
+  # first; the versions each side ran with are in its JSON. Results: $OUT/vs_trl.log (the table) and $OUT/vs_trl/
+  budget=${BENCH_TIMEOUT_S:-540}
+  echo "== TRL GRPOTrainer vs oxrl: same work, same GPU, one after the other ($*)"
+  timeout "$budget" python3 benchmarks/vs_trl.py --out "$WORK/vs_trl" --budget-s $((budget - 20)) "$@" > "$OUT/vs_trl.log" 2>&1
+  echo "rc=$?"; tail -n 24 "$OUT/vs_trl.log"
+  mkdir -p "$OUT/vs_trl"
+  for f in vs_trl.json trl.json oxrl.json prepare.log trl.log oxrl.log; do cp "$WORK/vs_trl/$f" "$OUT/vs_trl/" 2>/dev/null; done
+  run=$(ls -td "$WORK"/vs_trl/runs/*/ 2>/dev/null | head -n 1)
+  [ -n "$run" ] && cp "$run"logs/rank0.log "$run"logs/engine0.log "$OUT/vs_trl/" 2>/dev/null
+  exit 0
+fi
+
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1
