@@ -209,7 +209,7 @@ def trl_arguments(config, out: Path, on_gpu: bool) -> dict:
         optim="adamw_torch_fused" if on_gpu else "adamw_torch",  # oxrl: torch AdamW, fused on GPU
         # oxrl: bf16 weights and compute with float32 master weights in DeepSpeed's optimizer; TRL's counterpart is its
         # default mixed precision: float32 weights, bf16 autocast
-        bf16=bf16, model_init_kwargs={"dtype": "float32", "attn_implementation": model.attn_implementation},
+        bf16=bf16, model_init_kwargs={"dtype": "float32", "attn_implementation": model.attn_implementation.replace("varlen", "sdpa")},
         gradient_checkpointing=model.gradient_checkpointing,
         # CISPO: oxrl caps the detached weight at 1 + clip_high (and floors it at 1 - clip_low); TRL caps it at
         # epsilon_high and has no floor

@@ -27,7 +27,10 @@ class Section(BaseModel):
 class ModelSection(Section):
     name_or_path: str = Field("oxrl-tiny", description="Local folder, Hugging Face Hub id, or `oxrl-tiny` (the built-in tiny model, built locally on first use).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Training dtype; `auto` is bfloat16 on GPU and float32 on CPU.")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel passed to transformers.")
+    attn_implementation: Literal["varlen", "sdpa", "eager", "flash_attention_2"] = Field(
+        "varlen", description="varlen: each micro-batch's sequences packed end to end, no padding, attention within each "
+                              "(torch's varlen_attn on CUDA); the others: padded micro-batches through transformers' kernel "
+                              "of that name. A reward model always runs padded (sdpa for varlen).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     compile: bool = Field(False, description="Compile the training model with torch.compile (inductor): faster steps after a one-off compile per input shape.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")

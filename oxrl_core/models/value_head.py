@@ -21,6 +21,6 @@ class PolicyWithValueHead(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False):
-        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, output_hidden_states=True)
+    def forward(self, input_ids: torch.Tensor, **inputs):  # the policy's inputs, padded or packed (training/packing.py)
+        out = self.policy(input_ids=input_ids, **inputs, output_hidden_states=True)
         return out.logits, self.value_head(out.hidden_states[-1]).squeeze(-1)

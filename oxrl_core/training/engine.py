@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, gpu_uuid, share_over_ipc
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
+from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -84,11 +86,12 @@ class TrainEngine:
         # Kept alive so from_pretrained builds ZeRO-3 models already partitioned.
         self._hf_ds_config = HfDeepSpeedConfig(ds_config) if self.zero3 else None
         torch.manual_seed(config.train.seed)
-        load = dict(dtype=model_dtype(config), attn_implementation=config.model.attn_implementation,
-                    trust_remote_code=config.model.trust_remote_code)
         # A reward model is the backbone with a scalar head, saved as a sequence classifier: it loads with
-        # AutoModelForSequenceClassification anywhere, which pools at the last non-pad token.
+        # AutoModelForSequenceClassification anywhere, which pools at the last non-pad token (so it runs padded).
         self.reward_model = isinstance(config, SLConfig) and config.train.alg == "rm"
+        self.packed = config.model.attn_implementation == "varlen" and not self.reward_model
+        attention = PACKED_ATTENTION if self.packed else config.model.attn_implementation.replace("varlen", "sdpa")
+        load = dict(dtype=model_dtype(config), attn_implementation=attention, trust_remote_code=config.model.trust_remote_code)
         if self.reward_model:
             from oxrl_core.loops.run_folder import load_tokenizer
 
@@ -213,31 +216,34 @@ class TrainEngine:
         inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         if self.reward_model:
             return {"scores": model(**inputs).logits[:, 0]}  # [B]
+        if self.packed:  # one row [1, N] of the real tokens; what comes out goes back to the padded layout
+            inputs = pack(batch["input_ids"], batch["attention_mask"]) | {"use_cache": False}
+        padded = partial(unpack, attention_mask=batch["attention_mask"]) if self.packed else lambda x: x
         # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
         # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a
         # bias-free linear one (a LoRA adapter on lm_head), which have no LogprobsHead.
         fused = head is not None and self.teacher is None
-        with head.scoring(batch["input_ids"], temperature, entropy is not None) if fused else nullcontext():
+        with head.scoring(inputs["input_ids"], temperature, entropy is not None) if fused else nullcontext():
             output = model(**inputs)
         # what the output layer gave (PPO's value head returns it beside the values)
         head_output, values = output if isinstance(output, tuple) else (output.logits, None)
         if fused:
-            logprobs, entropy_values = head_output  # [B, T-1] each, the entropy None unless asked
+            logprobs, entropy_values = head_output  # [B, T-1] each (packed: [1, N-1]), the entropy None unless asked
         elif entropy is not None:
-            logprobs, entropy_values = token_logprobs_and_entropy(head_output, batch["input_ids"], temperature)
+            logprobs, entropy_values = token_logprobs_and_entropy(head_output, inputs["input_ids"], temperature)
         else:
-            logprobs = token_logprobs(head_output, batch["input_ids"], temperature)
-        outputs = {"logprobs": logprobs}
+            logprobs = token_logprobs(head_output, inputs["input_ids"], temperature)
+        outputs = {"logprobs": padded(logprobs)}
         if entropy is not None:  # from the logprobs' own softmax; only PPO's bonus needs its gradient
-            outputs["entropy"] = entropy_values if entropy == "grad" else entropy_values.detach()
+            outputs["entropy"] = padded(entropy_values if entropy == "grad" else entropy_values.detach())
         if values is not None:
-            outputs["values"] = values[:, :-1]
+            outputs["values"] = padded(values[:, :-1])
         if self.teacher is not None and not reference:  # KD: both full distributions, [B, T-1, V]
             with torch.no_grad():
                 teacher_logits = self.teacher(**inputs).logits
             # Same tokenizer (checked at load), but embedding tables may be padded to different sizes.
             vocab = min(head_output.shape[-1], teacher_logits.shape[-1])
-            outputs |= {"logits": head_output[:, :-1, :vocab], "teacher_logits": teacher_logits[:, :-1, :vocab]}
+            outputs |= {"logits": padded(head_output[:, :-1, :vocab]), "teacher_logits": padded(teacher_logits[:, :-1, :vocab])}
         return outputs
 
     # -- checkpoints ------------------------------------------------------------

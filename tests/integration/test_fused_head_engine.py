@@ -1,6 +1,6 @@
-"""The fused head inside TrainEngine, on 2 DeepSpeed ranks (gloo, CPU): the same logprobs, entropies, values and full
-parameter gradients as the logits path it replaced, for ZeRO 0, 2 and 3, tied and untied output layers, LoRA, and
-PPO's value head with a reference model and gradient checkpointing."""
+"""The fused head and packed micro-batches inside TrainEngine, on 2 DeepSpeed ranks (gloo, CPU): the same logprobs,
+entropies, values and full parameter gradients as the padded logits path they replaced, for ZeRO 0, 2 and 3, tied
+and untied output layers, LoRA, and PPO's value head with a reference model and gradient checkpointing."""
 
 import os
 import socket
@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytestmark = pytest.mark.integration
 
 # Each rank builds, per case, two engines from the same config and seed: one runs the logits path as `_forward` did
-# before the fused head (the model's logits, then token_logprobs_and_entropy), the other `_forward`. Both take one
-# backward of the same loss over this rank's batch; DeepSpeed averages the gradients over the ranks.
+# before the fused head and packing (padded sdpa attention, the model's logits, then token_logprobs_and_entropy), the
+# other `_forward` (packed, fused). Both take one backward of the same loss over the real tokens of this rank's batch;
+# DeepSpeed averages the gradients over the ranks.
 RANK = """
 import gc, sys
 from pathlib import Path
@@ -41,11 +42,12 @@ TEMPERATURE = 0.7
 g = torch.Generator().manual_seed(rank)
 inputs = {"input_ids": torch.randint(0, 437, (2, 9), generator=g), "attention_mask": torch.ones(2, 9, dtype=torch.long)}
 inputs["attention_mask"][1, 6:] = 0  # right padding
-weights = torch.randn(3, 2, 8, generator=g)  # the loss's per-token weights of logprobs, entropy and values
+weights = torch.randn(3, 2, 8, generator=g) * inputs["attention_mask"][:, 1:]  # the loss's weights: real tokens only
 
 
 def run(path, spec, fused):
-    config = RLConfig.model_validate({**spec, "model": {"dtype": "float32", **spec.get("model", {})},
+    attention = "varlen" if fused else "sdpa"
+    config = RLConfig.model_validate({**spec, "model": {"dtype": "float32", "attn_implementation": attention, **spec.get("model", {})},
         "train": {"lr": 1e-2, "batch_size": 4, "micro_batch_size": 2, "grad_accum": 1, **spec.get("train", {})},
         "data": {"train": [{"path": "unused.jsonl"}]}})
     engine = TrainEngine(config, path, rank, 2, ("127.0.0.1", port), out / "logs")
@@ -68,8 +70,10 @@ def run(path, spec, fused):
     shards.append(head is not None and head.weight.numel() == 0)
     loss = (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
     engine.engine.backward(loss + ((values * weights[2]).sum() if values is not None else 0))
-    result = {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "reference": reference,
-              "values": None if values is None else values.detach(),
+    real = inputs["attention_mask"][:, 1:]  # padding's values differ: zero when packed, whatever padded
+    result = {"logprobs": logprobs.detach() * real, "entropy": entropy.detach() * real,
+              "reference": None if reference is None else reference * real,
+              "values": None if values is None else values.detach() * real,
               "grads": {n: safe_get_full_grad(p).clone() for n, p in engine.engine.module.named_parameters() if p.requires_grad},
               "has_head": head is not None, "shards": shards}
     del engine

@@ -1,0 +1,70 @@
+"""Padding-free micro-batches: a micro-batch's sequences laid end to end in one row.
+
+A right-padded micro-batch [B, T] spends every layer's work on its padding too; in RL,
+where responses stop at different lengths, that is often a third of it. Packed, the
+row holds only the real tokens, N = sum of the lengths; position ids restart at 0 for
+each sequence, and attention stays inside each sequence through variable-length
+attention over the sequences' boundaries (`cu_seq_lens`, as flash-attention names
+them): torch's `varlen_attn` on CUDA in 16 bits, one causal SDPA per sequence otherwise.
+
+The per-token outputs come back in the padded layout [B, T-1], so the losses never
+see packing. A packed row's position that ends one sequence "predicts" the next
+sequence's first token; that value is dropped when unpacking, so it gets no gradient.
+"""
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+ATTENTION = "oxrl_varlen"  # the model's attn_implementation when its micro-batches are packed
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """Right-padded input_ids and attention_mask [B, T] -> the model's packed inputs: input_ids and position_ids
+    [1, N], and the boundaries the attention reads (cu_seq_lens [B+1] int32, max_length)."""
+    lengths = attention_mask.sum(-1)  # [B]
+    cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=input_ids.device)
+    cu_seq_lens[1:] = lengths.cumsum(0)
+    real = attention_mask.bool()  # [B, T]
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    max_length = int(lengths.max())
+    return {"input_ids": input_ids[real][None], "position_ids": positions[real][None],
+            "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max_length,
+            "max_length_k": max_length}
+
+
+def unpack(packed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Prediction-aligned values of the packed row, [1, N-1, ...] -> the padded layout [B, T-1, ...], zero at
+    padding. Packed index i predicts token i+1; that is a token of the same sequence unless i is a sequence's last."""
+    lengths = attention_mask.sum(-1)  # [B]
+    keep = torch.ones(int(lengths.sum()), dtype=torch.bool, device=packed.device)  # [N]
+    keep[lengths.cumsum(0) - 1] = False  # each sequence's last token predicts nothing of its own
+    out = packed.new_zeros((*attention_mask[:, 1:].shape, *packed.shape[2:]))  # [B, T-1, ...]
+    out[attention_mask[:, 1:].bool()] = packed[0][keep[:-1]]  # right padding: position t < length-1 predicts
+    return out
+
+
+def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     cu_seq_lens_q: torch.Tensor | None = None, max_length_q: int | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface for a packed row: query [1, Hq, N, D], key and value [1, Hkv, N, D] ->
+    [1, N, Hq, D], causal within each sequence of `cu_seq_lens_q`."""
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # flash attention's dtypes
+        from torch.nn.attention.varlen import varlen_attn
+
+        groups = q.shape[1] // k.shape[1]  # grouped-query attention: each key/value head serves `groups` query heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
+                          window_size=(-1, 0))  # (-1, 0): causal
+    else:
+        bounds = cu_seq_lens_q.tolist()
+        out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True, scale=scaling,
+            enable_gqa=True).transpose(0, 1) for a, b in zip(bounds, bounds[1:])])
+    return out[None], None
+
+
+AttentionInterface.register(ATTENTION, varlen_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, flash_attention_mask)  # no mask: the boundaries say it all
