@@ -1,5 +1,6 @@
 """GPUs through NVML, the CUDA driver against torch's CUDA, and nvcc for DeepSpeed's JIT ops."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -125,8 +126,20 @@ def topology_check(nvml: Nvml) -> Check:
     return Check(name="gpu topology", status="ok", finding=finding)
 
 
-def cuda_driver_check(nvml: Nvml, torch_cuda: str | None, torch_sees_gpus: bool) -> Check:
-    """The driver must support the CUDA version torch was built with."""
+def torch_cuda() -> str | None:
+    """`torch.version.cuda` (None: a CPU build, or no torch), read from the `version.py` torch's build writes, for
+    importing torch takes the doctor a second or more of CPU (more on a cold disk)."""
+    torch = importlib.util.find_spec("torch")
+    if torch is None:
+        return None
+    spec = importlib.util.spec_from_file_location("torch.version", Path(torch.origin).with_name("version.py"))
+    version = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(version)
+    return version.cuda
+
+
+def cuda_driver_check(nvml: Nvml, torch_cuda: str | None, torch_gpus: dict) -> Check:
+    """The driver must support the CUDA version torch was built with; `torch_gpus` is the `torch_sees_gpus` probe's result."""
     driver = f"driver {nvml.driver} supports CUDA up to {nvml.cuda[0]}.{nvml.cuda[1]}"
     get_torch = "https://pytorch.org/get-started/locally/"
     if torch_cuda is None:
@@ -137,7 +150,11 @@ def cuda_driver_check(nvml: Nvml, torch_cuda: str | None, torch_sees_gpus: bool)
         return Check(name="cuda driver", status="fail", finding=f"{driver}; torch was built with CUDA {torch_cuda}",
                      fix=f"upgrade the NVIDIA driver to one for CUDA {torch_cuda}, or install a torch built for CUDA "
                          f"{nvml.cuda[0]}.{nvml.cuda[1]} or older ({get_torch})")
-    if not torch_sees_gpus:
+    if "error" in torch_gpus:
+        return Check(name="cuda driver", status="fail",
+                     finding=f"{driver}; torch (CUDA {torch_cuda}) could not say whether it sees the GPUs: {torch_gpus['error']}",
+                     fix="run `python -c 'import torch; print(torch.cuda.is_available())'` for the whole error")
+    if not torch_gpus["sees_gpus"]:
         return Check(name="cuda driver", status="fail", finding=f"{driver}; torch (CUDA {torch_cuda}) sees no GPU",
                      fix="check CUDA_VISIBLE_DEVICES and that `nvidia-smi` works in this environment")
     return Check(name="cuda driver", status="ok", finding=f"{driver}; torch was built with CUDA {torch_cuda}")

@@ -1,4 +1,4 @@
-"""Checks that start something real: Ray, DeepSpeed's op report, an all-reduce, one RL step.
+"""Checks that start something real: Ray, DeepSpeed's op report, torch on the GPUs, an all-reduce, one RL step.
 
 Each probe runs in a fresh Python process in its own process group, so a hang
 is killed whole at its timeout and a crash cannot take the doctor with it. The
@@ -145,6 +145,16 @@ def deepspeed_check(result: dict, has_gpu: bool) -> Check:
                      finding=f"{finding}; this machine needs the {expected} accelerator",
                      fix=f"set DS_ACCELERATOR={expected} (or unset it)")
     return Check(name="deepspeed accelerator", status="ok", finding=finding)
+
+
+# -- torch on the GPUs ----------------------------------------------------------------
+
+
+def torch_sees_gpus() -> dict:
+    """Whether torch can use the GPUs NVML lists (`gpu.cuda_driver_check` judges it)."""
+    import torch
+
+    return {"sees_gpus": torch.cuda.is_available()}
 
 
 # -- all-reduce (--deep) ------------------------------------------------------------------

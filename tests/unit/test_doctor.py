@@ -1,5 +1,7 @@
 """`oxrl doctor`'s checks: GPU cases with NVML, nvcc, /dev/shm and installed versions faked at those boundaries."""
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import SimpleNamespace
@@ -7,10 +9,12 @@ from types import SimpleNamespace
 import psutil
 import pynvml
 import pytest
+import torch
 from packaging.specifiers import SpecifierSet
 from pydantic import ValidationError
 
 from oxrl_core.doctor import gpu, probes, system
+from oxrl_core.doctor.checks import run_checks
 from oxrl_core.doctor.packages import package_checks
 from oxrl_core.doctor.report import Check, Report
 
@@ -77,7 +81,7 @@ def test_no_nvidia_driver_is_cpu_mode_explained_not_a_failure(monkeypatch):
 
 def test_driver_too_old_for_torchs_cuda_fails_with_the_fix(monkeypatch):
     fake_nvml(monkeypatch, [FakeGpu()], cuda=12020)
-    check = gpu.cuda_driver_check(gpu.read_nvml(), torch_cuda="13.0", torch_sees_gpus=False)
+    check = gpu.cuda_driver_check(gpu.read_nvml(), torch_cuda="13.0", torch_gpus={"sees_gpus": False})
     assert check.status == "fail"
     assert "supports CUDA up to 12.2" in check.finding and "built with CUDA 13.0" in check.finding
     assert "upgrade the NVIDIA driver to one for CUDA 13.0" in check.fix and "CUDA 12.2 or older" in check.fix
@@ -86,8 +90,8 @@ def test_driver_too_old_for_torchs_cuda_fails_with_the_fix(monkeypatch):
 def test_driver_new_enough_is_ok_and_a_cpu_build_of_torch_on_a_gpu_machine_fails(monkeypatch):
     fake_nvml(monkeypatch, [FakeGpu()], cuda=13000)
     nvml = gpu.read_nvml()
-    assert gpu.cuda_driver_check(nvml, torch_cuda="12.8", torch_sees_gpus=True).status == "ok"
-    cpu_torch = gpu.cuda_driver_check(nvml, torch_cuda=None, torch_sees_gpus=False)
+    assert gpu.cuda_driver_check(nvml, torch_cuda="12.8", torch_gpus={"sees_gpus": True}).status == "ok"
+    cpu_torch = gpu.cuda_driver_check(nvml, torch_cuda=None, torch_gpus={"sees_gpus": False})
     assert cpu_torch.status == "fail" and "CPU build" in cpu_torch.finding and "install a CUDA build of torch" in cpu_torch.fix
 
 
@@ -112,6 +116,12 @@ def test_ecc_errors_fail_and_a_gpu_without_bfloat16_warns_with_both_fixes(monkey
     assert t4.status == "fail" and "uncorrectable memory errors" in t4.finding and "no bfloat16" in t4.finding
     assert "nvidia-smi -q -d ECC" in t4.fix and "model.dtype=float16" in t4.fix
     assert no_ecc.status == "ok" and "ECC errors n/a" in no_ecc.finding
+
+
+def test_torchs_cuda_version_is_read_without_importing_torch():
+    code = "import sys; from oxrl_core.doctor import gpu; print(gpu.torch_cuda(), 'torch' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert found == [str(torch.version.cuda), "False"]
 
 
 @pytest.mark.parametrize("link, status", [("NVLink", "ok"), ("PCIe P2P", "ok"), ("no P2P", "warn")])
@@ -263,6 +273,30 @@ def test_a_probe_past_its_timeout_is_killed_and_reported_as_a_failure():
 def test_a_probe_that_raises_is_reported_with_its_error():
     result = probes.Probe("no_such_probe", [], timeout=60).result()
     assert result == {"error": "KeyError: 'no_such_probe'"}
+
+
+def test_the_probes_start_together_before_the_doctor_waits_on_any(monkeypatch):
+    """So the doctor takes about as long as its slowest probe, not their sum; one that hangs is a failing row."""
+    events = []
+
+    class FakeProbe:
+        def __init__(self, function, args, timeout):
+            self.function, self.timeout = function, timeout
+            events.append(("start", function))
+
+        def result(self):
+            events.append(("wait", self.function))
+            return {"error": f"no answer within {self.timeout:g} s"}
+
+    monkeypatch.setattr(probes, "Probe", FakeProbe)
+    monkeypatch.setattr(gpu, "torch_cuda", lambda: "12.8")
+    fake_nvml(monkeypatch, [FakeGpu(), FakeGpu()], cuda=13000)
+    report = run_checks(deep=True, smoke=False, timeout=60)
+    assert [event for event, _ in events] == ["start"] * 4 + ["wait"] * 4
+    assert events[0] == ("start", "ray_start")  # the slowest, first
+    for name in ("cuda driver", "deepspeed accelerator", "ray cluster", "all-reduce"):
+        check = only(report.checks, name)
+        assert check.status == "fail" and "no answer within 60 s" in check.finding, check
 
 
 def test_vllm_cpu_memory_reports_numa_node_0_and_warns_when_it_is_nearly_full(tmp_path):
