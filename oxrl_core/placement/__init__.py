@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from oxrl_core.algs.registry import uses_rollout
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 
@@ -66,6 +65,8 @@ def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
 
     `rollout.placement: auto` shares GPUs (colocated) when the ranks and engines do not fit side by side, as before."""
     ranks, rollout = config.run.train_ranks, config.rollout
+    from oxrl_core.algs.registry import uses_rollout  # here: it imports torch, which the doctor's Ray probe need not
+
     if not uses_rollout(config):
         if gpus and ranks > gpus:
             raise OxrlError(f"run.train_ranks={ranks}: the cluster has {gpus} GPU(s), one per rank")
