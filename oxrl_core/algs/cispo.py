@@ -16,10 +16,10 @@ def cispo_loss(
     mask: torch.Tensor,  # [B, T-1] response tokens
     *, clip_low: float, clip_high: float, loss_agg: LossAgg,
     num_tokens: float, num_seqs: float, max_len: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)
     weight = ratio.clamp(1 - clip_low, 1 + clip_high).detach()
     per_token = -weight * advantages[:, None] * logprobs
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
-    return loss, {"clip_frac_sum": (clipped * mask).sum().item()}
+    return loss, {"clip_frac_sum": (clipped * mask).sum()}

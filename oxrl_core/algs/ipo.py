@@ -23,7 +23,7 @@ def ipo_loss(
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
     *, beta: float, num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold
     log_ratio_chosen = torch.where(valid, chosen_logps - ref_chosen_logps, 0.0)  # [N]

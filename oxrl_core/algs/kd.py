@@ -18,10 +18,10 @@ def kd_loss(
     logprobs: torch.Tensor,  # [B, T-1] student log p of the data's next token, temperature 1
     response_mask: torch.Tensor,  # [B, T-1] 1 where the target token is a response token
     *, alpha: float, temperature: float, num_tokens: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     on_response = response_mask > 0  # [B, T-1]
     # torch.where rather than a product: masked positions get exactly zero gradient, whatever they hold
     kl_sum = torch.where(on_response, kl, 0.0).sum()
     nll_sum = -torch.where(on_response, logprobs.to(kl.dtype), 0.0).sum()
     loss = (alpha * nll_sum + (1 - alpha) * temperature**2 * kl_sum) / num_tokens
-    return loss, {"nll_sum": nll_sum.item(), "kl_sum": kl_sum.item(), "tokens": float(on_response.sum())}
+    return loss, {"nll_sum": nll_sum.detach(), "kl_sum": kl_sum.detach(), "tokens": on_response.sum().float()}

@@ -18,7 +18,7 @@ def kto_loss(
     lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     desirable: torch.Tensor,  # [N] 1.0 for a desirable example, 0.0 for an undesirable one
     *, kl_baseline: float, beta: float, desirable_weight: float, undesirable_weight: float, num_examples: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = lengths > 0  # [N]
     is_desirable = valid & (desirable > 0)  # [N]
     is_undesirable = valid & (desirable == 0)  # [N]
@@ -33,8 +33,8 @@ def kto_loss(
     loss = torch.where(valid, per_example, 0.0).sum() / num_examples
     reward = beta * ratio  # [N]
     return loss, {
-        "reward_desirable_sum": torch.where(is_desirable, reward, 0.0).sum().item(),
-        "desirable": float(is_desirable.sum()),
-        "reward_undesirable_sum": torch.where(is_undesirable, reward, 0.0).sum().item(),
-        "undesirable": float(is_undesirable.sum()),
+        "reward_desirable_sum": torch.where(is_desirable, reward, 0.0).sum().detach(),
+        "desirable": is_desirable.sum().float(),
+        "reward_undesirable_sum": torch.where(is_undesirable, reward, 0.0).sum().detach(),
+        "undesirable": is_undesirable.sum().float(),
     }

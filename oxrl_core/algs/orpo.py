@@ -19,7 +19,7 @@ def orpo_loss(
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
     *, lam: float, num_pairs: float, num_chosen_tokens: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # filler rows take m = -1, an arbitrary finite stand-in; torch.where gives them exactly zero gradient
     mean_chosen = torch.where(valid, chosen_logps / chosen_lengths.clamp(min=1), -1.0)  # [N]
@@ -35,6 +35,6 @@ def orpo_loss(
     reward_chosen = torch.where(valid, lam * mean_chosen, 0.0)  # [N]
     reward_rejected = torch.where(valid, lam * mean_rejected, 0.0)  # [N]
     return loss, pair_metrics(reward_chosen, reward_rejected, valid) | {
-        "nll_sum": nll_sum.item(),
-        "log_odds_ratio_sum": log_odds_ratio.sum().item(),
+        "nll_sum": nll_sum.detach(),
+        "log_odds_ratio_sum": log_odds_ratio.sum().detach(),
     }

@@ -19,7 +19,7 @@ def ppo_loss(
     entropy: torch.Tensor,  # [B, T-1] policy entropy at each position
     *, clip_low: float, clip_high: float, value_clip: float, vf_coeff: float, entropy_coeff: float,
     loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)
     policy = -torch.minimum(ratio * advantages, ratio.clamp(1 - clip_low, 1 + clip_high) * advantages)
     clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
@@ -28,7 +28,7 @@ def ppo_loss(
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     return loss, {
-        "clip_frac_sum": (clipped * mask).sum().item(),
-        "value_loss_sum": (value * mask).sum().item(),
-        "entropy_sum": (entropy * mask).sum().item(),
+        "clip_frac_sum": (clipped * mask).sum(),
+        "value_loss_sum": (value * mask).sum().detach(),
+        "entropy_sum": (entropy * mask).sum().detach(),
     }

@@ -11,7 +11,7 @@ def sft_loss(
     logprobs: torch.Tensor,  # [B, T-1] log p(x[t+1] | x[:t+1])
     response_mask: torch.Tensor,  # [B, T-1] 1 where the target token is a response token
     num_tokens: float,  # response tokens in the global batch
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     nll_sum = -(logprobs * response_mask).sum()
     loss = nll_sum / num_tokens
-    return loss, {"nll_sum": nll_sum.item(), "tokens": response_mask.sum().item()}
+    return loss, {"nll_sum": nll_sum.detach(), "tokens": response_mask.sum().float()}

@@ -18,7 +18,7 @@ def sgrpo_loss(
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
     *, clip_low: float, clip_high: float, kl_coeff: float, loss_agg: LossAgg,
     num_tokens: float, num_seqs: float, max_len: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages[:, None]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
@@ -28,8 +28,8 @@ def sgrpo_loss(
         log_ratio_ref = ref_logprobs - logprobs
         k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
         per_token = per_token + kl_coeff * k3
-        metrics["kl_ref_sum"] = (k3 * mask).sum().item()
+        metrics["kl_ref_sum"] = (k3 * mask).sum().detach()
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
-    metrics["clip_frac_sum"] = (clipped * mask).sum().item()
+    metrics["clip_frac_sum"] = (clipped * mask).sum()
     return loss, metrics

@@ -20,7 +20,7 @@ def simpo_loss(
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
     *, beta: float, gamma: float, num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # clamp: filler rows divide by 1, not 0; torch.where then gives them exactly zero gradient
     reward_chosen = torch.where(valid, beta * chosen_logps / chosen_lengths.clamp(min=1), 0.0)  # [N]

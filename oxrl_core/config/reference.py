@@ -5,6 +5,7 @@
 
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def _type(annotation) -> str:
         return "list of {" + ", ".join(args[0].model_fields) + "}"
     if typing.get_origin(annotation) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " \\| ".join("None" if a is type(None) else _type(a) for a in args)
     if isinstance(annotation, type) and not typing.get_args(annotation):
         return "section" if issubclass(annotation, BaseModel) else annotation.__name__
     return str(annotation).replace("pathlib.", "").replace("typing.", "").replace("|", "\\|")

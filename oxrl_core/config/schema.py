@@ -32,7 +32,10 @@ class ModelSection(Section):
                               "(torch's varlen_attn on CUDA); the others: padded micro-batches through transformers' kernel "
                               "of that name. A reward model always runs padded (sdpa for varlen).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
-    compile: bool = Field(False, description="Compile the training model with torch.compile (inductor): faster steps after a one-off compile per input shape.")
+    compile: Literal["auto"] | bool = Field(
+        "auto", description="Compile the training model's decoder layers with torch.compile (inductor): faster steps after "
+                            "a one-off compile of one layer (and again once the micro-batches' shape first changes); "
+                            "`auto` is on for GPUs, off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
 
 

@@ -112,9 +112,12 @@ class TrainEngine:
             model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                      target_modules=lora.target_modules,
                                                      task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
+        causal_lm = model.get_base_model() if config.lora.enabled else model  # the Hugging Face model, adapters in it
+        if config.model.compile is True or (config.model.compile == "auto" and on_gpu):
+            compile_blocks(causal_lm)
         # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
         # DeepSpeed wraps the model, so that its ZeRO-3 hooks gather the weight around the fused op.
-        self.policy_head = LogprobsHead.replace_output_layer(model.get_base_model() if config.lora.enabled else model)
+        self.policy_head = LogprobsHead.replace_output_layer(causal_lm)
         self.critic = isinstance(config, RLConfig) and config.train.alg == "ppo"
         if self.critic:
             model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, model_dtype(config))
@@ -128,8 +131,6 @@ class TrainEngine:
             lr_scheduler=lambda opt: _scheduler(opt, train.lr_scheduler, train.warmup_steps, train.steps),
             config=ds_config,
         )
-        if config.model.compile:
-            self.engine.compile()
 
         def frozen(path: str) -> tuple:
             """A model that only runs forwards, and its LogprobsHead (or None); under ZeRO-3 sharded like the policy."""
@@ -160,6 +161,7 @@ class TrainEngine:
         # DeepSpeed divides by grad_accum and averages over ranks; undo both so the
         # gradient is that of the global-batch loss.
         scale = self.engine.gradient_accumulation_steps() * self.engine.world_size
+        # Sums stay 0-d tensors on the device, read once at the end: each read would wait for the GPU's queue to drain.
         loss_sum, sums = 0.0, {}
         # PPO's entropy bonus needs the entropy's gradient; the others only report it.
         entropy_grad = loss_kwargs.get("entropy_coeff", 0.0) > 0
@@ -169,15 +171,17 @@ class TrainEngine:
             loss, metrics = batch_loss(outputs, batch, **loss_kwargs)
             self.engine.backward(loss * scale)
             self.engine.step()
-            loss_sum += loss.item()
+            loss_sum = loss_sum + loss.detach()
             if with_entropy:
-                metrics["entropy_sum"] = (outputs["entropy"].detach() * batch["response_mask"]).sum().item()
+                metrics["entropy_sum"] = (outputs["entropy"].detach() * batch["response_mask"]).sum()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
+        result = {"loss": float(loss_sum), **{key: float(value) for key, value in sums.items()},
+                  "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
         if torch.cuda.is_available():
-            sums["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        return {"loss": loss_sum, **sums, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
+            result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        return result
 
     @torch.no_grad()
     def eval_metrics(self, micro_batches: list[dict], alg: str, loss_kwargs: dict) -> dict:
@@ -189,13 +193,14 @@ class TrainEngine:
             _, metrics = BATCH_LOSSES[alg](self._forward(batch), batch, **loss_kwargs)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
-        return sums
+        return {key: float(value) for key, value in sums.items()}
 
     @torch.no_grad()
     def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
         self.engine.eval()
-        return [self._forward(self._to_device(b), temperature, reference=reference)["logprobs"].cpu() for b in micro_batches]
+        logprobs = [self._forward(self._to_device(b), temperature, reference=reference)["logprobs"] for b in micro_batches]
+        return [x.cpu() for x in logprobs]  # after every forward is queued: a copy to the CPU waits for the GPU
 
     @torch.no_grad()
     def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -205,7 +210,11 @@ class TrainEngine:
         return [(o["logprobs"].cpu(), o["values"].float().cpu()) for o in outputs]
 
     def _to_device(self, batch: dict) -> dict:
-        return {k: v.to(self.engine.device) for k, v in batch.items()}
+        """The micro-batch on this rank's device; packed, with its model inputs under "packed", built here on the CPU
+        (their shapes depend on the data: on the GPU, building them would wait for its queue to drain)."""
+        if self.packed:
+            batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"])}
+        return _moved(batch, self.engine.device)
 
     def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, reference: bool = False) -> dict:
         """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens (the frozen reference's with
@@ -217,7 +226,7 @@ class TrainEngine:
         if self.reward_model:
             return {"scores": model(**inputs).logits[:, 0]}  # [B]
         if self.packed:  # one row [1, N] of the real tokens; what comes out goes back to the padded layout
-            inputs = pack(batch["input_ids"], batch["attention_mask"]) | {"use_cache": False}
+            inputs = batch["packed"] | {"use_cache": False}
         padded = partial(unpack, attention_mask=batch["attention_mask"]) if self.packed else lambda x: x
         # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
         # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a
@@ -305,7 +314,7 @@ class TrainEngine:
         if not engine_here:
             self._join_gathers()
             return {}
-        self._shared_weights, handles = share_over_ipc(self.refresh_weights(materialize=True))
+        self._shared_weights, handles = share_over_ipc(self.weight_plan(), self.refresh_weights(materialize=True))
         return {gpu_uuid(): handles}
 
     def release_shared_weights(self) -> None:
@@ -347,6 +356,25 @@ class TrainEngine:
                 if self.rank == 0:
                     pairs.append((name, param.detach().to("cpu", copy=True)))
         return pairs
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Regional compilation: torch.compile (inductor) each of the model's repeated blocks, the decoder layers its
+    `_no_split_modules` names. They share one compiled code (torch >= 2.5 does not specialise it on the module
+    instance), so a first step compiles one layer, not the whole model; a model naming no block is compiled whole."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    for block in [m for m in model.modules() if type(m).__name__ in names] or [model]:
+        block.compile()
+
+
+def _moved(value, device: torch.device):
+    """Tensors (in nested dicts too) onto `device`; to a GPU from pinned memory without blocking: a copy from pageable
+    memory waits for everything queued on the GPU first."""
+    if isinstance(value, dict):
+        return {key: _moved(v, device) for key, v in value.items()}
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else value.to(device)
 
 
 def _is_lora_factor(name: str) -> bool:

@@ -35,13 +35,14 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 def unpack(packed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Prediction-aligned values of the packed row, [1, N-1, ...] -> the padded layout [B, T-1, ...], zero at
-    padding. Packed index i predicts token i+1; that is a token of the same sequence unless i is a sequence's last."""
-    lengths = attention_mask.sum(-1)  # [B]
-    keep = torch.ones(int(lengths.sum()), dtype=torch.bool, device=packed.device)  # [N]
-    keep[lengths.cumsum(0) - 1] = False  # each sequence's last token predicts nothing of its own
-    out = packed.new_zeros((*attention_mask[:, 1:].shape, *packed.shape[2:]))  # [B, T-1, ...]
-    out[attention_mask[:, 1:].bool()] = packed[0][keep[:-1]]  # right padding: position t < length-1 predicts
-    return out
+    padding. Packed index i predicts token i+1; that is a token of the same sequence unless i is a sequence's last.
+    A gather by computed indices, no boolean indexing: nothing here waits for the GPU."""
+    lengths = attention_mask.sum(-1, keepdim=True)  # [B, 1]
+    t = torch.arange(attention_mask.shape[1] - 1, device=packed.device)  # [T-1]
+    index = (lengths.cumsum(0) - lengths + t).clamp_(max=packed.shape[1] - 1)  # [B, T-1]: sequence start + t
+    predicts = (t < lengths - 1).view(*index.shape, *[1] * (packed.dim() - 2))  # [B, T-1, 1...]: within the sequence
+    out = packed[0].index_select(0, index.flatten()).view(*index.shape, *packed.shape[2:])  # [B, T-1, ...]
+    return out.masked_fill(~predicts, 0)  # right padding: position t < length-1 predicts
 
 
 def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -55,10 +55,11 @@ def run(path, spec, fused):
     head = engine.policy_head
     shards = [head is not None and head.weight.numel() == 0]  # ZeRO-3: outside the head's own call, an empty shard
     if fused:
-        outputs = engine._forward(inputs, TEMPERATURE, entropy="grad")
+        batch = engine._to_device(inputs)  # packed here, as the engine's steps do
+        outputs = engine._forward(batch, TEMPERATURE, entropy="grad")
         logprobs, entropy, values = outputs["logprobs"], outputs["entropy"], outputs.get("values")
         with torch.no_grad():
-            reference = engine._forward(inputs, TEMPERATURE, reference=True)["logprobs"] if engine.reference is not None else None
+            reference = engine._forward(batch, TEMPERATURE, reference=True)["logprobs"] if engine.reference is not None else None
     else:
         output = engine.engine(**inputs, use_cache=False)
         logits, values = output if isinstance(output, tuple) else (output.logits, None)

@@ -9,7 +9,7 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.placement import Placement, decide
 from oxrl_core.placement.groups import free_port
-from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets
+from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
 
 
 def rl(ranks=1, engines=1, tp=1, placement="auto") -> RLConfig:
@@ -92,3 +92,11 @@ def test_the_broadcast_delivers_every_weight_bucket_by_bucket():
     assert [n for n, _ in received] == [n for n, _ in weights]
     for (_, sent), (_, got) in zip(weights, received):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
+def test_packing_refuses_weights_out_of_plan_order():
+    plan = [spec("a", 2), spec("b", 3)]
+    with pytest.raises(AssertionError, match="weight b sent where the plan has a"):
+        packed(plan, iter([("b", torch.zeros(3)), ("a", torch.zeros(2))]), torch.device("cpu"))
+    flat = packed(plan, iter([("a", torch.ones(2)), ("b", torch.arange(3.0))]), torch.device("cpu"))
+    assert [(n, t.tolist()) for n, t in unpacked(plan, flat)] == [("a", [1.0, 1.0]), ("b", [0.0, 1.0, 2.0])]
