@@ -5,6 +5,7 @@
 #   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
+#   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 #   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
 #                                                  # TRL's GRPOTrainer (colocated vLLM) then oxrl's step on rl_step.py's
@@ -35,6 +36,13 @@ if [ "$stage" = phase ]; then
   exit 0
 fi
 
+if [ "$stage" = profile ]; then
+  echo "== one train step under the profiler ($*)"
+  timeout 540 python3 benchmarks/train_step_profile.py "$WORK/profile" "$@" > "$OUT/profile.log" 2>&1
+  echo "rc=$?"; cp "$WORK/profile/profile.txt" "$OUT/" 2>/dev/null && head -n 4 "$OUT/profile.txt"
+  exit 0
+fi
+
 if [ "$stage" = vs-trl ]; then
   # trl and accelerate come staged from benchmarks/gpu-requirements.txt; each side runs in its own process, TRL
   # first; the versions each side ran with are in its JSON. Results: $OUT/vs_trl.log (the table) and $OUT/vs_trl/
@@ -49,7 +57,7 @@ if [ "$stage" = vs-trl ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | cli | vs-trl [...]" >&2; exit 2; }
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | profile | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1

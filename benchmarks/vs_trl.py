@@ -191,7 +191,7 @@ def trl_arguments(config, out: Path, on_gpu: bool) -> dict:
     train, rollout, model = config.train, config.rollout, config.model
     unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo",
                    "train.loss_agg (TRL's cispo aggregates over the batch's tokens: token-mean)": train.loss_agg != "token-mean",
-                   "train.kl_coeff": train.kl_coeff > 0, "lora.enabled": config.lora.enabled, "model.compile": model.compile,
+                   "train.kl_coeff": train.kl_coeff > 0, "lora.enabled": config.lora.enabled,
                    "run.train_ranks": config.run.train_ranks != 1, "rollout.engines": rollout.engines != 1,
                    "rollout.tensor_parallel_size": rollout.tensor_parallel_size != 1,
                    "model.dtype=float16": model.dtype == "float16",
@@ -414,6 +414,8 @@ NOTES = [
     "temperature/top_p, micro-batch x accumulation = one optimizer step per generation batch, AdamW (fused on GPU), "
     "lr and schedule, gradient clipping, no KL/reference model, group-normalised advantages, token-mean aggregation, "
     "gradient checkpointing as in oxrl's config, vLLM's share of the GPU, one GPU",
+    "compilation, each side's default: oxrl compiles its decoder layers on GPUs (model.compile: auto); TRL runs "
+    "uncompiled (torch_compile=False; pass --trl torch_compile=true for its whole-model compile)",
     "CISPO weight: TRL caps it at epsilon_high = 1 + clip_high and has no floor; oxrl also floors it at 1 - clip_low",
     "TRL multiplies each token's loss by its vLLM importance-sampling correction (its default: sequence_mask, C_max 3) "
     "and so runs the old-policy pass; oxrl runs that pass for the ratio and has no correction",

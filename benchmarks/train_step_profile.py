@@ -1,0 +1,62 @@
+"""Where one RL train step's time goes on a GPU: a benchmark, never a test.
+
+rl_step.py's model and config (with KEY=VALUE overrides), train_phase.py's synthetic micro-batches, one TrainEngine in
+this process (no Ray). Three timed steps (the first compiles), then torch.profiler over a step of 8 micro-batches:
+its wall time against the time the GPU was busy (the union of its kernels' intervals), and the ops by CUDA time and
+by CPU time. Written to OUT/profile.txt.
+
+    python benchmarks/train_step_profile.py OUT [KEY=VALUE ...]
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from oxrl_core.config import load_rl_config
+from oxrl_core.loops.rl import _loss_kwargs
+from oxrl_core.placement.groups import free_port
+from oxrl_core.training.engine import TrainEngine
+from rl_step import prepare
+from train_phase import RESPONSE, SEQUENCES, micro_batches
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, config_path = prepare(out / "work", steps=1, shape="0.5b")
+    config, model_path = load_rl_config(config_path, sys.argv[2:])
+    report = open(out / "profile.txt", "w")  # the engine sends this process's stdout to its rank log
+    engine = TrainEngine(config, model_path, 0, 1, ("127.0.0.1", free_port()), out / "logs")
+    batches = micro_batches(config)[0]
+    kwargs = _loss_kwargs(config, float(SEQUENCES * RESPONSE), SEQUENCES)
+    for step in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for batch, logprobs in zip(batches, engine.token_logprobs(batches)):
+            batch["old_logprobs"] = logprobs
+        torch.cuda.synchronize()
+        middle = time.perf_counter()
+        engine.train_step(batches, alg="cispo", loss_kwargs=kwargs, with_entropy=True)
+        torch.cuda.synchronize()
+        print(f"step {step}: logprobs {middle - start:.3f} s train {time.perf_counter() - middle:.3f} s", file=report, flush=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        engine.train_step(batches[:8], alg="cispo", loss_kwargs=kwargs, with_entropy=True)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    busy, end = 0.0, -1.0  # microseconds covered by at least one kernel
+    for a, b in sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    print(f"8 micro-batches: wall {wall:.3f} s, GPU busy {busy / 1e6:.3f} s ({busy / 1e6 / wall:.1%})", file=report)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), file=report)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), file=report)
+    report.close()
+
+
+if __name__ == "__main__":
+    main()
