@@ -9,7 +9,9 @@ phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak, peak GP
 and, first, standalone vLLM (the same engine class, no Ray, no trainer, in a fresh
 process of its own, gone before the run starts) generates the same batch three
 times (the median of the last two counts), for the rollout phase's share of
-standalone throughput.
+standalone throughput: twice, with torch's default threads and with one thread as
+Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one CPU);
+the faster is the reference.
 
     python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b] [KEY=VALUE ...]    # overrides as for `oxrl train rl`
 """
@@ -103,9 +105,13 @@ class PeakGpuMemory:
         self._thread.join()
 
 
-def standalone_generate(model: Path, prompts: Path, config) -> dict:
-    """The rollout engine alone, in this process, on the same prompts and settings; the second run is timed."""
+def standalone_generate(model: Path, prompts: Path, config, threads: int | None) -> dict:
+    """The rollout engine alone, in this process (with `threads` torch threads, else torch's default), on the same
+    prompts and settings; the second and third runs are timed."""
     from transformers import AutoTokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from oxrl_core.rollout.engine import RolloutEngine
 
@@ -122,7 +128,7 @@ def standalone_generate(model: Path, prompts: Path, config) -> dict:
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)
-    return {"standalone_generate_s": seconds, "standalone_tokens_per_s": tokens / seconds}
+    return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
 def prepare(out: Path, steps: int, shape: str) -> tuple[Path, Path, Path]:
@@ -155,8 +161,11 @@ def main() -> None:
     model, prompts, config_path = prepare(args.out, args.steps, args.shape)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
     # In a process of its own: run in this one after the loop, it once came out 1.6x slower than the loop's engine
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        standalone = pool.submit(standalone_generate, model, prompts, config).result()
+    standalone = []
+    for threads in (None, 1):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            standalone.append(pool.submit(standalone_generate, model, prompts, config, threads).result())
+    fastest = max(standalone, key=lambda x: x["tokens_per_s"])
     with PeakGpuMemory() as memory:
         summary = train_rl(config, model_path, resume=False, console=Console())
     history = summary["history"]
@@ -165,7 +174,8 @@ def main() -> None:
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     result = {"device": torch.cuda.get_device_name(0), "overrides": args.overrides, **step,
               "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
-    result |= standalone
+    result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
+               "standalone_tokens_per_s": fastest["tokens_per_s"]}
 
     n_params = _parameter_count(model)
     tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])

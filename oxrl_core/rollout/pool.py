@@ -37,6 +37,7 @@ class RolloutPool:
                     -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None))
             self.engines.append(workers)
         self.workers = [w for workers in self.engines for w in workers]
+        self._releasing: list[ray.ObjectRef] = []  # the ranks' frees of their last refresh's copies
         for failure, log in zip(ray.get([w.start_failure.remote() for w in self.workers]), logs):
             if failure:
                 raise start_error(failure, log)
@@ -71,12 +72,15 @@ class RolloutPool:
         """Bring every engine worker to the trainer's current weights; their samples then carry `policy_version`."""
         group = self.group
         if self.placement.weights_over_ipc:
+            ray.get(self._releasing, timeout=RAY_CALL_TIMEOUT_S)  # the last refresh's (its errors surface here)
             # Ranks without an engine worker on their GPU only join the gathers.
             handles = {}
             for shared in group.call("share_weights", [r < len(self.workers) for r in range(len(group.ranks))]):
                 handles |= shared
             ray.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], timeout=RAY_CALL_TIMEOUT_S)
-            group.call("release_shared_weights")
+            # Not waited for: the ranks free their copies while the engines sample the next step, and run it before
+            # any later call to them (a Ray actor runs one caller's calls in order).
+            self._releasing = group.call_async("release_shared_weights")
         else:
             ray.get([*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
                     timeout=RAY_CALL_TIMEOUT_S)

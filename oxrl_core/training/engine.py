@@ -22,7 +22,7 @@ from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, gpu_uuid, share_over_ipc
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
-from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack
+from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack, unpacking
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -213,7 +213,8 @@ class TrainEngine:
         """The micro-batch on this rank's device; packed, with its model inputs under "packed", built here on the CPU
         (their shapes depend on the data: on the GPU, building them would wait for its queue to drain)."""
         if self.packed:
-            batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"])}
+            batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"]),
+                             "unpacking": unpacking(batch["attention_mask"])}
         return _moved(batch, self.engine.device)
 
     def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, reference: bool = False) -> dict:
@@ -227,7 +228,7 @@ class TrainEngine:
             return {"scores": model(**inputs).logits[:, 0]}  # [B]
         if self.packed:  # one row [1, N] of the real tokens; what comes out goes back to the padded layout
             inputs = batch["packed"] | {"use_cache": False}
-        padded = partial(unpack, attention_mask=batch["attention_mask"]) if self.packed else lambda x: x
+        padded = partial(unpack, layout=batch["unpacking"]) if self.packed else lambda x: x
         # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
         # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a
         # bias-free linear one (a LoRA adapter on lm_head), which have no LogprobsHead.
@@ -368,10 +369,12 @@ def compile_blocks(model: torch.nn.Module) -> None:
 
 
 def _moved(value, device: torch.device):
-    """Tensors (in nested dicts too) onto `device`; to a GPU from pinned memory without blocking: a copy from pageable
+    """Tensors (in nested dicts and tuples too) onto `device`; to a GPU from pinned memory without blocking: a copy from pageable
     memory waits for everything queued on the GPU first."""
     if isinstance(value, dict):
         return {key: _moved(v, device) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_moved(v, device) for v in value)
     if not isinstance(value, torch.Tensor):
         return value
     return value.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else value.to(device)

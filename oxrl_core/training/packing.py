@@ -33,16 +33,23 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
             "max_length_k": max_length}
 
 
-def unpack(packed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Prediction-aligned values of the packed row, [1, N-1, ...] -> the padded layout [B, T-1, ...], zero at
-    padding. Packed index i predicts token i+1; that is a token of the same sequence unless i is a sequence's last.
-    A gather by computed indices, no boolean indexing: nothing here waits for the GPU."""
+def unpacking(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where `unpack` finds each value of the padded layout, from the micro-batch's attention_mask [B, T]: the packed
+    row's index for each position [B, T-1] and whether that position predicts a token of its own sequence [B, T-1].
+    Packed index i predicts token i+1; that is a token of the same sequence unless i is a sequence's last. Built once
+    per micro-batch, on the CPU, for every output that is unpacked."""
     lengths = attention_mask.sum(-1, keepdim=True)  # [B, 1]
-    t = torch.arange(attention_mask.shape[1] - 1, device=packed.device)  # [T-1]
-    index = (lengths.cumsum(0) - lengths + t).clamp_(max=packed.shape[1] - 1)  # [B, T-1]: sequence start + t
-    predicts = (t < lengths - 1).view(*index.shape, *[1] * (packed.dim() - 2))  # [B, T-1, 1...]: within the sequence
+    t = torch.arange(attention_mask.shape[1] - 1, device=attention_mask.device)  # [T-1]
+    index = (lengths.cumsum(0) - lengths + t).clamp_(max=max(int(lengths.sum()) - 2, 0))  # sequence start + t
+    return index, t < lengths - 1  # right padding: position t < length-1 predicts
+
+
+def unpack(packed: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Prediction-aligned values of the packed row, [1, N-1, ...] -> the padded layout [B, T-1, ...], zero at
+    padding, by the `unpacking` layout. A gather by index: nothing here waits for the GPU."""
+    index, predicts = layout  # [B, T-1] each
     out = packed[0].index_select(0, index.flatten()).view(*index.shape, *packed.shape[2:])  # [B, T-1, ...]
-    return out.masked_fill(~predicts, 0)  # right padding: position t < length-1 predicts
+    return out.masked_fill(~predicts.view(*index.shape, *[1] * (packed.dim() - 2)), 0)
 
 
 def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

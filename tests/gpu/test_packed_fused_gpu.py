@@ -7,7 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
-from oxrl_core.training.packing import ATTENTION, pack, unpack
+from oxrl_core.training.packing import ATTENTION, pack, unpack, unpacking
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 LENGTHS = [300, 17, 640, 1, 128]
@@ -42,7 +42,7 @@ def test_packed_and_fused_equal_the_padded_logits_path_on_the_gpu(dtype, toleran
     inputs = pack(input_ids, attention_mask)
     with head.scoring(inputs["input_ids"], 0.7, True):
         packed_logprobs, packed_entropy = packed_model(**inputs).logits
-    got_logprobs, got_entropy = unpack(packed_logprobs, attention_mask), unpack(packed_entropy, attention_mask)
+    got_logprobs, got_entropy = unpack(packed_logprobs, unpacking(attention_mask)), unpack(packed_entropy, unpacking(attention_mask))
     ((got_logprobs + got_entropy) * weights).sum().backward()
 
     assert (got_logprobs - logprobs * real).abs().max() <= tolerance

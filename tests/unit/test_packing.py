@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from oxrl_core.training.logprobs import token_logprobs
-from oxrl_core.training.packing import ATTENTION, pack, unpack
+from oxrl_core.training.packing import ATTENTION, pack, unpack, unpacking
 
 LENGTHS = [5, 9, 1, 7]  # a one-token sequence too: it predicts nothing
 
@@ -33,7 +33,7 @@ def test_unpack_puts_each_prediction_back_and_drops_the_ones_across_a_boundary()
     _, attention_mask = padded_batch(LENGTHS)
     n = sum(LENGTHS)
     values = torch.arange(1.0, n)[None]  # [1, N-1]: packed index i holds i + 1
-    out = unpack(values, attention_mask)  # [B, T-1]
+    out = unpack(values, unpacking(attention_mask))  # [B, T-1]
     starts = [0, 5, 14, 15]
     for b, (start, length) in enumerate(zip(starts, LENGTHS)):
         assert out[b, :length - 1].tolist() == [start + t + 1.0 for t in range(length - 1)]
@@ -42,7 +42,7 @@ def test_unpack_puts_each_prediction_back_and_drops_the_ones_across_a_boundary()
 
 def test_unpack_keeps_trailing_dimensions():
     _, attention_mask = padded_batch([3, 2])
-    out = unpack(torch.ones(1, 4, 6), attention_mask)
+    out = unpack(torch.ones(1, 4, 6), unpacking(attention_mask))
     assert out.shape == (2, 2, 6) and out[0].sum() == 12 and out[1, 0].sum() == 6 and out[1, 1].sum() == 0
 
 
@@ -70,7 +70,7 @@ def test_a_packed_micro_batch_has_the_padded_one_s_logprobs_and_gradients(models
     reference = token_logprobs(padded_model(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids)
     (reference * weights * mask).sum().backward()
     inputs = pack(input_ids, attention_mask)
-    got = unpack(token_logprobs(packed_model(**inputs).logits, inputs["input_ids"]), attention_mask)
+    got = unpack(token_logprobs(packed_model(**inputs).logits, inputs["input_ids"]), unpacking(attention_mask))
     (got * weights * mask).sum().backward()
 
     torch.testing.assert_close(got * mask, reference * mask, atol=1e-5, rtol=0)

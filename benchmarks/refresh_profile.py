@@ -1,0 +1,85 @@
+"""Where a colocated weight refresh's time goes on one GPU: a benchmark, never a test.
+
+rl_step.py's model and config (with KEY=VALUE overrides), its TrainGroup and RolloutPool as the loop builds them;
+then, five times each: the whole `RolloutPool.refresh` as the loop calls it, and its parts one by one: the trainer
+sharing its weights (CUDA IPC), the engine loading them through vLLM's `reload_weights` (what oxrl called until
+2026-11-25) and through the model's `load_weights` in place, vLLM's prefix-cache reset, and the trainer releasing
+its copies. Medians in seconds to OUT/refresh_profile.json.
+
+    python benchmarks/refresh_profile.py OUT [KEY=VALUE ...]
+"""
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from oxrl_core.config import load_rl_config
+from oxrl_core.placement import ray_cluster
+from oxrl_core.placement.transport import open_ipc
+from oxrl_core.rollout.pool import RolloutPool
+from oxrl_core.training.group import TrainGroup
+from rl_step import prepare
+
+
+def _timed_in_worker(worker, load: str, handles: dict) -> float:
+    """Inside vLLM's worker: the seconds one load of the shared weights takes, GPU work included."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if load == "reload_weights":
+        worker.model_runner.reload_weights(weights_iterator=open_ipc(handles))
+    else:
+        worker.model_runner.get_model().load_weights(open_ipc(handles))
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _load(engine, load: str, handles: dict) -> float:
+    return engine.llm.collective_rpc(_timed_in_worker, args=(load, handles))[0]
+
+
+def _reset_prefix_cache(engine) -> float:
+    start = time.perf_counter()
+    engine.llm.reset_prefix_cache()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, config_path = prepare(out / "work", steps=1, shape="0.5b")
+    config, model_path = load_rl_config(config_path, sys.argv[2:])
+    times: dict[str, list[float]] = {}
+
+    def timed(key: str, fn):
+        start = time.perf_counter()
+        result = fn()
+        times.setdefault(key, []).append(time.perf_counter() - start)
+        return result
+
+    with ray_cluster(config) as reservation:
+        group = TrainGroup(config, model_path, out / "logs", reservation)
+        pool = RolloutPool(config, model_path, out / "logs", reservation, group)
+        engine = pool.workers[0]
+        for version in range(1, 6):
+            timed("refresh (the loop's call)", lambda: pool.refresh(version))
+            handles = timed("share_weights (trainer)", lambda: group.call("share_weights", [True])[0])
+            for load in ("reload_weights", "load_weights"):
+                seconds = timed(f"load via {load} (engine call)", lambda: ray.get(engine.__ray_call__.remote(_load, load, handles)))
+                times.setdefault(f"load via {load} (in the worker)", []).append(seconds)
+            times.setdefault("reset_prefix_cache (in the engine)", []).append(ray.get(engine.__ray_call__.remote(_reset_prefix_cache)))
+            timed("release_shared_weights (trainer)", lambda: group.call("release_shared_weights"))
+        group.shutdown()
+    result = {key: statistics.median(values[1:]) for key, values in times.items()}  # the first refresh allocates
+    (out / "refresh_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0), "overrides": sys.argv[2:],
+                                                          "median_s": result, "all_s": times}, indent=2))
+    for key, value in result.items():
+        print(f"{key:40s} {value * 1000:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
