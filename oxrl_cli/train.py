@@ -71,9 +71,10 @@ def _dry_run(config) -> None:
     from oxrl_core.algs.registry import uses_reward
 
     if uses_reward(config):
+        from oxrl_core.config.schema import RLConfig
         from oxrl_core.rewards import resolve_reward
 
-        resolve_reward(config.reward.func, config.reward.kwargs)
+        resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge if isinstance(config, RLConfig) else None)
     typer.echo(dump_config(config), nl=False)
 
 

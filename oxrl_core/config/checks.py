@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.config.schema import JudgeSection, RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
 from oxrl_core.placement import decide
@@ -40,6 +40,9 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
 
+    if config.reward.func != "judge" and config.reward.judge != JudgeSection():
+        raise OxrlError(f"reward.judge: set, but reward.func={config.reward.func!r}; the judge's settings apply with reward.func=judge")
+
     for i, source in enumerate(config.data.train):
         _check_data_file(f"data.train.{i}.path", source.path)
     if config.data.val is not None:
@@ -60,7 +63,7 @@ def _check_teacher(teacher: str | None, student_path: str) -> None:
         raise OxrlError("train.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. train.teacher=Qwen/Qwen2.5-7B-Instruct")
     from transformers import AutoTokenizer
 
-    teacher_path = resolve_model(teacher)
+    teacher_path = resolve_model(teacher, key="train.teacher")
     student_vocab = AutoTokenizer.from_pretrained(student_path).get_vocab()
     teacher_vocab = AutoTokenizer.from_pretrained(teacher_path).get_vocab()
     if teacher_vocab != student_vocab:

@@ -26,10 +26,20 @@ def reference_markdown() -> str:
         for kind, model in variants:
             where = f" ({kind} runs)" if kind else ("" if section in sl_sections else " (rl runs)")
             lines += [f"#### `{section}`{where}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-            for name, sub in model.model_fields.items():
-                lines.append(f"| `{section}.{name}` | {_type(sub.annotation)} | {_default(sub)} | {sub.description or ''} |")
+            lines += _rows(section, model)
             lines.append("")
     return "\n".join(lines)
+
+
+def _rows(prefix: str, model: type[BaseModel]) -> list[str]:
+    """A row per field; a nested section (e.g. reward.judge) gets a row per field of its own."""
+    rows = []
+    for name, sub in model.model_fields.items():
+        if isinstance(sub.annotation, type) and issubclass(sub.annotation, BaseModel):
+            rows += _rows(f"{prefix}.{name}", sub.annotation)
+        else:
+            rows.append(f"| `{prefix}.{name}` | {_type(sub.annotation)} | {_default(sub)} | {sub.description or ''} |")
+    return rows
 
 
 def _type(annotation) -> str:

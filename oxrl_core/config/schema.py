@@ -144,10 +144,28 @@ class RolloutSection(Section):
     mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` out of the loss.")
 
 
+class JudgeSection(Section):
+    """`reward.func: judge` (RLAIF): another language model judges each response, served by a vLLM engine of its own
+    inside the run, started once and never refreshed."""
+
+    model: str | None = Field(None, description="The judge: a model folder, a Hugging Face Hub id or `oxrl-tiny`. Its own chat template (when it has one) wraps the rendered prompt as a user turn.")
+    score: Literal["number", "pairwise"] = Field("number", description="number: the judge ends with `Score: N`, N in [score_min, score_max], and the reward is N scaled to 0..1; pairwise: the judge picks the better of the response and the record's reference answer (`answer`) as `A` or `B`, asked twice with their order swapped, and the reward is the share of verdicts the response won (1, 0.5 or 0).")
+    template: str | None = Field(None, description="The judge's prompt. number: {prompt}, {response} and optionally {reference} (the record's `answer`) are filled in; pairwise: {prompt}, {first} and {second}. Other braces are kept as they are. Default: a template for the scoring rule (FAQ: LLM judge).")
+    score_min: float = Field(1.0, description="number: the lowest score the judge may give (reward 0).")
+    score_max: float = Field(10.0, description="number: the highest score the judge may give (reward 1).")
+    temperature: Annotated[float, Field(ge=0)] = Field(0.0, description="The judge's sampling temperature (0: greedy).")
+    max_tokens: PositiveInt = Field(256, description="New tokens per judgment.")
+    max_model_len: PositiveInt = Field(2048, description="The judge's context: prompt and judgment; a longer judge prompt scores `reward.on_error` and is reported.")
+    placement: Literal["own", "colocated"] = Field("own", description="own: a GPU of its own (on CPU: a CPU slot beside the rest); colocated: on the GPU of trainer rank 0, beside what runs there, with `gpu_memory_utilization` of its memory.")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.85, description="Share of its GPU's memory the judge's vLLM may take; colocated, leave room for the trainer and the rollout engine. On CPU unused.")
+    log_max_mb: Annotated[float, Field(ge=0)] = Field(100.0, description="judgments.jsonl in the run folder (each judge prompt, its text and score) stops growing at this size; 0 writes none.")
+
+
 class RewardSection(Section):
-    func: str = Field("math", description="A shipped reward by name, or `module:function`.")
+    func: str = Field("math", description="A shipped reward by name, `module:function`, `reward-model` (a trained reward model, `reward.kwargs.path`), or `judge` (an LLM judge, `reward.judge`).")
     kwargs: dict = Field({}, description="Keyword arguments for the reward function.")
-    on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised (the error is reported with the sample).")
+    judge: JudgeSection = Field(default_factory=JudgeSection, description="reward.func=judge: the judge model and how it scores.")
+    on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised or whose judgment could not be read (the error is reported with the sample).")
 
 
 class SLConfig(Section):

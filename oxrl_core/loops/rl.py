@@ -23,7 +23,9 @@ from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.loops.crash import crash_report
 from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data, save_checkpoint
 from oxrl_core.loops.signals import stop_on_signals
-from oxrl_core.rewards import resolve_reward, score_samples
+from oxrl_core.errors import OxrlError
+from oxrl_core.rewards import RewardUnavailable, resolve_reward, score_samples
+from oxrl_core.rewards.judge import Judge
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
@@ -47,7 +49,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
             reports.append(report)
         report_data(reports, run_dir, console)
-        reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
+        reward_fn = resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge)
 
         prompts_per_step = train.batch_size // rollout_cfg.n_samples
         ppo = train.alg == "ppo"
@@ -67,6 +69,8 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             group = TrainGroup(config, model_path, run_dir / "logs", reservation)
             pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group)
             console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines)}")
+            if isinstance(reward_fn, Judge):  # started once, beside the rollout engines; never refreshed
+                reward_fn.start(reservation, run_dir, train.batch_size)
 
             def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
                 return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
@@ -117,12 +121,23 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 for step in range(first_step, train.steps + 1):
                     seconds: dict[str, float] = {}
                     # 1. rollout
+                    step_start = sampler.state_dict()
                     prompts = [prompt_sets[src][i] for src, i in sampler.next_batch(prompts_per_step)]
                     with _timed(seconds, "generate"):
                         rollouts = generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, seed_base=train.seed * 1_000_003 + step)
                     # 2. reward
-                    with _timed(seconds, "reward"):
-                        score(rollouts, prompts)
+                    try:
+                        with _timed(seconds, "reward"):
+                            score(rollouts, prompts)
+                    except RewardUnavailable as e:  # nothing of this step is trained: keep the last step's weights
+                        sampler.load_state_dict(step_start)  # --resume samples this step's prompts again
+                        if step > first_step:
+                            save(step - 1, final=False)
+                        raise OxrlError(f"{e}; stopped at step {step}: " + (
+                            f"step {step - 1}'s checkpoint is in {run_dir}, rerun with --resume to continue"
+                            if step > 1 else "no step had finished, run again")) from None
+                    if isinstance(reward_fn, Judge):
+                        seconds["judge"] = reward_fn.engine_seconds  # part of the reward phase
                     # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
                     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
                     per_sample = {"rewards": rewards} if ppo else \

@@ -8,8 +8,8 @@ from oxrl_core.errors import OxrlError
 from oxrl_core.models.tiny import TINY_MODEL_NAME, resolve_tiny_model
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A loadable folder or hub id for `model.name_or_path`, or one clear error.
+def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
+    """A loadable folder or hub id for `model.name_or_path` (or the setting `key` names), or one clear error.
 
     `oxrl-tiny` is built locally on first use; a local folder must hold a
     config.json; anything else is tried as a hub id (cache first, the Hub when online).
@@ -19,17 +19,17 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise OxrlError(f"model.name_or_path={name_or_path!r}: folder has no config.json; expected a Hugging Face model folder")
+            raise OxrlError(f"{key}={name_or_path!r}: folder has no config.json; expected a Hugging Face model folder")
         return str(path)
     if path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
-        raise OxrlError(f"model.name_or_path={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}")
+        raise OxrlError(f"{key}={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}")
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
         raise OxrlError(
-            f"model.name_or_path={name_or_path!r}: not a local folder and not found in the Hugging Face cache or on the Hub "
+            f"{key}={name_or_path!r}: not a local folder and not found in the Hugging Face cache or on the Hub "
             f"({str(e).splitlines()[0][:160]})"
         ) from None
     return name_or_path

@@ -8,7 +8,9 @@ processes on one GPU (colocated), else a process group from trainer rank 0 to ev
 
 - colocated: bundle i is one GPU holding trainer rank i and engine worker i (an engine of tensor parallelism t
   spans t consecutive bundles);
-- split: the trainer ranks' bundles, then each engine's own t bundles on one node.
+- split: the trainer ranks' bundles, then each engine's own t bundles on one node;
+- an LLM judge (`reward.func: judge`): a bundle of its own, or (`reward.judge.placement: colocated`, GPUs only) a
+  share of bundle 0.
 
 On CPU the bundles are CPU slots and the weights always travel through the process group (gloo).
 """
@@ -34,6 +36,7 @@ class Placement:
     train_ranks: int
     engines: int  # 0: the run samples nothing
     tensor_parallel_size: int
+    judge: Literal["own", "colocated"] | None = None  # the LLM judge's engine: a bundle of its own, or on bundle 0
 
     @property
     def engine_workers(self) -> int:
@@ -41,7 +44,8 @@ class Placement:
 
     @property
     def bundles(self) -> int:
-        return self.train_ranks if self.mode == "colocated" else self.train_ranks + self.engine_workers
+        judge = int(self.judge == "own")
+        return judge + (self.train_ranks if self.mode == "colocated" else self.train_ranks + self.engine_workers)
 
     @property
     def weights_over_ipc(self) -> bool:
@@ -54,10 +58,11 @@ class Placement:
             return f"{self.train_ranks} trainer rank(s), one {unit} each"
         engines = f"{self.engines} vLLM engine(s) of tensor parallelism {self.tensor_parallel_size}"
         transport = "CUDA IPC" if self.weights_over_ipc else ("NCCL" if self.on_gpu else "gloo") + " broadcast from rank 0"
+        judge = {None: "", "own": f"; the judge on a {unit} of its own", "colocated": f"; the judge on trainer rank 0's {unit}"}[self.judge]
         if self.mode == "colocated":
-            return (f"colocated: {self.bundles} {unit}(s), each one trainer rank and (for the first "
-                    f"{self.engine_workers}) one engine worker; {engines}; weights by {transport}")
-        return f"split: {self.train_ranks} trainer {unit}(s) + {self.engine_workers} engine {unit}(s); {engines}; weights by {transport}"
+            return (f"colocated: {self.train_ranks} {unit}(s), each one trainer rank and (for the first "
+                    f"{self.engine_workers}) one engine worker; {engines}; weights by {transport}{judge}")
+        return f"split: {self.train_ranks} trainer {unit}(s) + {self.engine_workers} engine {unit}(s); {engines}; weights by {transport}{judge}"
 
 
 def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
@@ -72,9 +77,12 @@ def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
             raise OxrlError(f"run.train_ranks={ranks}: the cluster has {gpus} GPU(s), one per rank")
         return Placement("split", gpus > 0, ranks, 0, 1)
     tp, engines = rollout.tensor_parallel_size, rollout.engines
+    # On CPU the judge always has a slot of its own: slots are scheduling units, not devices to share.
+    judged = isinstance(config, RLConfig) and config.reward.func == "judge"
+    judge = None if not judged else "own" if not gpus else config.reward.judge.placement
     mode = rollout.placement
     if mode == "auto":
-        mode = "colocated" if gpus and ranks + engines * tp > gpus else "split"
+        mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus else "split"
     what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
             f"rollout.placement={rollout.placement}")
     if tp > 1 and not gpus:
@@ -82,11 +90,12 @@ def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
     if mode == "colocated" and engines * tp > ranks:
         raise OxrlError(f"{what}: colocated puts each engine worker on the GPU of one trainer rank, so engines x "
                         f"tensor_parallel_size must be at most run.train_ranks; use more ranks, fewer engines, or placement split")
-    needed = ranks if mode == "colocated" else ranks + engines * tp
+    needed = (ranks if mode == "colocated" else ranks + engines * tp) + (judge == "own")
     if gpus and needed > gpus:
-        raise OxrlError(f"{what}: needs {needed} GPUs ({mode}), the cluster has {gpus}; "
+        extra = ", plus one for reward.judge (placement own; colocated shares trainer rank 0's)" if judge == "own" else ""
+        raise OxrlError(f"{what}: needs {needed} GPUs ({mode}{extra}), the cluster has {gpus}; "
                         f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum")
-    return Placement(mode, gpus > 0, ranks, engines, tp)
+    return Placement(mode, gpus > 0, ranks, engines, tp, judge)
 
 
 def local_gpus() -> int:

@@ -24,7 +24,8 @@ class Reservation:
         self._engines = [] if placement.mode == "colocated" else [
             placement_group([bundle] * placement.tensor_parallel_size, strategy="STRICT_PACK")
             for _ in range(placement.engines)]
-        groups = [self._trainer, *self._engines]
+        self._judge = placement_group([bundle]) if placement.judge == "own" else None
+        groups = [self._trainer, *self._engines, *([self._judge] if self._judge else [])]
         ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=PLACEMENT_TIMEOUT_S)
         if len(ready) < len(groups):
             self.release()
@@ -41,6 +42,10 @@ class Reservation:
             return self._options(self._trainer, engine * self.placement.tensor_parallel_size + shard)
         return self._options(self._engines[engine], shard)
 
+    def judge_options(self) -> dict:
+        """The LLM judge's engine: its own bundle, or a share of trainer bundle 0."""
+        return self._options(self._judge, 0) if self._judge else self._options(self._trainer, 0)
+
     def address(self, options: dict) -> tuple[str, int]:
         """The address of the node where an actor with these options lives, and a free port there: where a
         process group of ranks (or of an engine's tensor-parallel workers) meets."""
@@ -48,7 +53,11 @@ class Reservation:
         return ray.get(_node_address.options(scheduling_strategy=where).remote(), timeout=PLACEMENT_TIMEOUT_S)
 
     def _options(self, group, bundle: int) -> dict:
-        share = 0.5 if self.placement.mode == "colocated" else 1
+        """An actor's options in `bundle` of `group`: an equal share of it with whatever else lives there."""
+        p = self.placement
+        sharing = 1 if group is not self._trainer else (
+            1 + (p.mode == "colocated" and bundle < p.engine_workers) + (p.judge == "colocated" and bundle == 0))
+        share = round(1 / sharing, 4)  # Ray counts in units of 1e-4: three thirds must not exceed the bundle
         options = {"num_cpus": share, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
         if self.placement.on_gpu:
             options["num_gpus"] = share
@@ -66,7 +75,7 @@ class Reservation:
         return self.placement.describe()
 
     def release(self) -> None:
-        for group in [self._trainer, *self._engines]:
+        for group in [self._trainer, *self._engines, *([self._judge] if self._judge else [])]:
             remove_placement_group(group)
 
 

@@ -1,13 +1,15 @@
-"""Verifiable rewards, selected by name or `module:function`, and a trained reward model (`reward-model`).
+"""Verifiable rewards, selected by name or `module:function`, a trained reward model (`reward-model`) and an LLM
+judge (`judge`, `rewards/judge.py`).
 
 A reward is `fn(response: str, sample: dict, **kwargs) -> float`; `sample` is
 the prompt record (with its ground truth, e.g. `answer` or `tests`). A reward
-object may also have `score_batch(responses, samples) -> list[float]`, which
-the RL loop then calls once per step instead.
+object may also have `score_batch(responses, samples) -> list[float | Unscored]`,
+which the RL loop then calls once per step instead.
 """
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from oxrl_core.errors import OxrlError
@@ -19,11 +21,32 @@ REWARDS: dict[str, RewardFn] = {"math": math_reward, "gsm8k": gsm8k_reward, "for
 REWARD_MODEL_KWARGS = ("path", "batch_size")
 
 
-def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
+@dataclass(frozen=True)
+class Unscored:
+    """What `score_batch` gives for a sample it could not score: why. The sample gets `reward.on_error`."""
+
+    reason: str
+
+
+class RewardUnavailable(OxrlError):
+    """The reward's own engine failed (a judge's vLLM died): no sample of the step can be scored."""
+
+
+def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn:
     """A shipped reward by name, or any importable `module:function`; kwargs are bound now.
-    `reward-model` loads the model now, and `code` tries its sandbox, so that either fails before any engine starts."""
+    `reward-model` loads the model now, `judge` (with the run's `reward.judge`) checks its settings and loads the
+    judge's tokenizer, and `code` tries its sandbox, so that each fails before any engine starts."""
     if spec == "reward-model":
         return _reward_model(kwargs)
+    if spec == "judge":
+        if judge is None:
+            raise OxrlError("reward.func=judge: an LLM judge scores RL rollouts only (oxrl train rl)")
+        if kwargs:
+            raise OxrlError(f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=judge, whose settings are "
+                            f"under reward.judge")
+        from oxrl_core.rewards.judge import Judge
+
+        return Judge(judge)
     if spec == "code":
         check_sandbox(kwargs.get("sandbox", "jail"))
     if spec in REWARDS:
@@ -37,7 +60,7 @@ def resolve_reward(spec: str, kwargs: dict) -> RewardFn:
         if not callable(fn):
             raise OxrlError(f"reward.func={spec!r}: not a function")
     else:
-        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model'])}) and not module:function")
+        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model', 'judge'])}) and not module:function")
     return partial(fn, **kwargs) if kwargs else fn
 
 
@@ -58,16 +81,21 @@ def _reward_model(kwargs: dict):
 def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float) -> tuple[list[float], list[dict]]:
     """Rewards of `responses` to their `samples`, and what went wrong: a user's reward must not end the run, so a
     failure scores `on_error` and comes back as {error, response, sample}. A reward with `score_batch` (a reward
-    model) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`, one
-    error names the first); a function scores each one."""
+    model, a judge) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`,
+    one error names the first; a sample it gives no score, `Unscored`, gets `on_error` and its own error); a
+    function scores each one. `RewardUnavailable` is not a sample's failure: it ends the step."""
     if hasattr(reward_fn, "score_batch"):
         try:
-            rewards = [float(x) for x in reward_fn.score_batch(responses, samples)]
-            if len(rewards) != len(responses):
-                raise ValueError(f"score_batch returned {len(rewards)} rewards for {len(responses)} responses")
-            return rewards, []
+            scored = reward_fn.score_batch(responses, samples)
+            if len(scored) != len(responses):
+                raise ValueError(f"score_batch returned {len(scored)} rewards for {len(responses)} responses")
+            rewards = [on_error if isinstance(x, Unscored) else float(x) for x in scored]
+        except RewardUnavailable:
+            raise
         except Exception as e:
             return [on_error] * len(responses), [{"error": repr(e), "response": responses[0], "sample": samples[0]}]
+        return rewards, [{"error": x.reason, "response": response, "sample": sample}
+                         for x, response, sample in zip(scored, responses, samples) if isinstance(x, Unscored)]
     rewards, errors = [], []
     for response, sample in zip(responses, samples):
         try:

@@ -104,3 +104,17 @@ def test_sft_resumed_after_a_stop_ends_with_the_uninterrupted_runs_weights(tmp_p
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     print("resumed vs uninterrupted: max |weight difference|", worst)
     assert worst <= 1e-2  # bf16 weights; the CPU suite holds float32 runs to exact equality
+
+
+def test_rlaif_with_the_judge_colocated_on_the_trainers_gpu(tmp_path, tiny_model_dir, oxrl):
+    """Trainer rank, rollout engine and the judge's engine on one GPU (a third of it each to Ray; vLLM's memory by
+    its share): two CISPO steps judged, every judgment logged, the judge's time reported."""
+    result = oxrl("train", "rl", "--config", "examples/rlaif_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  f"reward.judge.model={tiny_model_dir}", "reward.judge.placement=colocated", "run.train_ranks=1",
+                  "train.batch_size=32", "train.micro_batch_size=16", "train.grad_accum=2", "train.steps=2",
+                  f"run.output_dir={tmp_path}", "run.name=rlaif")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "rlaif"
+    assert json.loads((run / "placement.json").read_text())["placement"].endswith("the judge on trainer rank 0's GPU")
+    assert len((run / "judgments.jsonl").read_text().splitlines()) == 2 * 32
+    assert all(h["time_judge_s"] > 0 for h in history(run))
