@@ -7,6 +7,8 @@ Another language model reads each response and scores it; its text is parsed int
 - `pairwise`: the judge sees the response and the record's reference answer as answers A and B and names the
   better one; it is asked twice with the order swapped, and the reward is the share of verdicts the response won.
   A judge that always picks the first answer (position bias) then gives every response 0.5: no signal, no harm.
+- `yes-probability`: nothing is generated; the reward is the judge's probability of answering "Yes" rather than
+  "No" to the prompt, p(Yes) / (p(Yes) + p(No)), each the exact probability of the word's tokens.
 
 A judgment that cannot be read, or a judge prompt longer than the judge's context, scores `reward.on_error` and is
 reported like any reward error. The judge's engine is a vLLM engine of its own in the run's Ray cluster, started
@@ -15,11 +17,13 @@ raises `RewardUnavailable`: the loop then stops with a checkpoint to resume from
 """
 
 import json
+import math
 import re
 import time
 from pathlib import Path
 
 from oxrl_core.config.schema import JudgeSection
+from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
 from oxrl_core.rewards import RewardUnavailable, Unscored
 
@@ -29,9 +33,13 @@ TEMPLATES = {
                "Explain briefly, then end with a line `Score: N`."),
     "pairwise": ("Which answer to the question is better?\n\nQuestion:\n{prompt}\n\nAnswer A:\n{first}\n\n"
                  "Answer B:\n{second}\n\nExplain briefly, then end with a line `Verdict: A` or `Verdict: B`."),
+    "yes-probability": ("Question:\n{prompt}\n\nResponse:\n{response}\n\nIs the response a correct and helpful "
+                        "answer to the question? Answer Yes or No."),
 }
-PLACEHOLDERS = {"number": {"prompt", "response", "reference"}, "pairwise": {"prompt", "first", "second"}}
-REQUIRED = {"number": {"response"}, "pairwise": {"first", "second"}}
+PLACEHOLDERS = {"number": {"prompt", "response", "reference"}, "pairwise": {"prompt", "first", "second"},
+                "yes-probability": {"prompt", "response", "reference"}}
+REQUIRED = {"number": {"response"}, "pairwise": {"first", "second"}, "yes-probability": {"response"}}
+YES_NO = ("Yes", "No")  # the answers whose probabilities `yes-probability` compares
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _LONE_NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*\.?\s*")
@@ -110,7 +118,8 @@ class Judge:
         self.settings, self.template = settings, check_judge(settings)
         self.model_path = resolve_model(settings.model, key="reward.judge.model")
         self.tokenizer, _ = load_tokenizer(self.model_path)
-        self.engine, self.log_path, self.judgments, self.calls = None, None, None, 0
+        self.engine, self.log_path, self.calls = None, None, 0
+        self.judgments, self._log_budget = None, 0  # judgments.jsonl, and the bytes it may still take
         self.engine_seconds = 0.0  # the engine's time in the last `score_batch`
 
     def start(self, reservation, run_dir: Path, samples_per_step: int) -> None:
@@ -134,12 +143,14 @@ class Judge:
     def score_batch(self, responses: list[str], samples: list[dict]) -> list[float | Unscored]:
         """Each response's reward, or why it has none (`Unscored`)."""
         s = self.settings
-        if s.score == "number":
-            values = [{"prompt": prompt_text(sample), "response": response, "reference": str(sample.get("answer", ""))}
-                      for response, sample in zip(responses, samples, strict=True)]
-            judgments = self._judge([render(self.template, v) for v in values])
+        if s.score in ("number", "yes-probability"):
+            prompts = [render(self.template, {"prompt": prompt_text(sample), "response": response,
+                                              "reference": str(sample.get("answer", ""))})
+                       for response, sample in zip(responses, samples, strict=True)]
+            if s.score == "yes-probability":
+                return [self._log(prompt, text, reward, text) for prompt, (text, reward) in zip(prompts, self._yes_probabilities(prompts))]
             return [self._log(prompt, text, parse_score(text, s.score_min, s.score_max), text)
-                    for prompt, text in judgments]
+                    for prompt, text in self._judge(prompts)]
         if any("answer" not in sample for sample in samples):
             raise OxrlError("reward.judge.score=pairwise: every prompt record needs an `answer` (the reference the "
                             "response is compared with)")
@@ -157,30 +168,53 @@ class Judge:
 
     def _judge(self, prompts: list[str]) -> list[tuple[str, str]]:
         """(prompt, the judge's text) for each prompt, in one batch on the engine; a prompt too long for the judge's
-        context gets an empty text (which reads as nothing)."""
-        import ray
-
-        from oxrl_core.data.sft import chat_template_ids
-        from oxrl_core.training.group import RAY_CALL_TIMEOUT_S
-
+        context is not sent, and its text says so (it reads as no verdict)."""
         s = self.settings
-        ids = [chat_template_ids(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
-               if self.tokenizer.chat_template else self.tokenizer(p)["input_ids"] for p in prompts]
-        fits = [i for i, x in enumerate(ids) if len(x) + s.max_tokens <= s.max_model_len]
-        self.calls += 1
-        start = time.perf_counter()
-        try:
-            rollouts = ray.get(self.engine.generate.remote([ids[i] for i in fits], 1, s.temperature, 1.0, s.max_tokens,
-                                                           [self.calls * 100_003 + i for i in fits]), timeout=RAY_CALL_TIMEOUT_S) if fits else []
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise RewardUnavailable(f"reward.func=judge: the judge's vLLM engine {'died' if isinstance(e, ray.exceptions.RayActorError) else f'gave no answer in {RAY_CALL_TIMEOUT_S} s'} "
-                                    f"(its log: {self.log_path})") from None
-        self.engine_seconds = time.perf_counter() - start
-        texts = [f"(not judged: the judge prompt has {len(x)} tokens; with reward.judge.max_tokens={s.max_tokens} it "
-                 f"exceeds reward.judge.max_model_len={s.max_model_len})" for x in ids]
+        ids, fits, too_long = self._prompt_ids(prompts, s.max_tokens)
+        seeds = [self.calls * 100_003 + i for i in fits]  # matter only when the judge samples (temperature > 0)
+        rollouts = self._call("generate", [ids[i] for i in fits], 1, s.temperature, 1.0, s.max_tokens, seeds)
+        texts = too_long
         for i, rollout in zip(fits, sorted(rollouts, key=lambda r: r.group)):
             texts[i] = self.tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
         return list(zip(prompts, texts))
+
+    def _yes_probabilities(self, prompts: list[str]) -> list[tuple[str, float | None]]:
+        """(what the log shows, p(Yes) / (p(Yes) + p(No)) or None) for each prompt, in one batch on the engine."""
+        answers = [self.tokenizer(word, add_special_tokens=False)["input_ids"] for word in YES_NO]
+        ids, fits, shown = self._prompt_ids(prompts, max(map(len, answers)))
+        rewards: list[float | None] = [None] * len(prompts)
+        for i, (yes, no) in zip(fits, self._call("continuation_logprobs", [ids[i] for i in fits], answers)):
+            rewards[i] = 1 / (1 + math.exp(no - yes))
+            shown[i] = f"log p(Yes) = {yes:.4f}, log p(No) = {no:.4f}"
+        return list(zip(shown, rewards))
+
+    def _prompt_ids(self, prompts: list[str], new_tokens: int) -> tuple[list[list[int]], list[int], list[str]]:
+        """The prompts' token ids (as the judge's chat template makes a user turn of them), the indices of those that
+        fit the judge's context with `new_tokens` more, and for each one that does not, why (else "")."""
+        s = self.settings
+        ids = [chat_template_ids(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
+               if self.tokenizer.chat_template else self.tokenizer(p)["input_ids"] for p in prompts]
+        fits = [i for i, x in enumerate(ids) if len(x) + new_tokens <= s.max_model_len]
+        why = [f"(not judged: the judge prompt has {len(x)} tokens; with {new_tokens} more it exceeds "
+               f"reward.judge.max_model_len={s.max_model_len})" for x in ids]
+        return ids, fits, why
+
+    def _call(self, method: str, prompt_ids: list[list[int]], *args):
+        """`method` of the judge's engine on `prompt_ids` (nothing to do for none), timed; an engine that died or
+        stopped answering is `RewardUnavailable`."""
+        import ray
+
+        from oxrl_core.training.group import RAY_CALL_TIMEOUT_S
+
+        self.calls += 1
+        start = time.perf_counter()
+        try:
+            result = ray.get(getattr(self.engine, method).remote(prompt_ids, *args), timeout=RAY_CALL_TIMEOUT_S) if prompt_ids else []
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            what = "died" if isinstance(e, ray.exceptions.RayActorError) else f"gave no answer in {RAY_CALL_TIMEOUT_S} s"
+            raise RewardUnavailable(f"reward.func=judge: the judge's vLLM engine {what} (its log: {self.log_path})") from None
+        self.engine_seconds = time.perf_counter() - start
+        return result
 
     def _log(self, prompt: str, text: str, reward: float | None, shown: str) -> float | Unscored:
         if self.judgments is not None:

@@ -157,6 +157,20 @@ class RolloutEngine:
                                         "length" if completion.finish_reason == "length" else "stop", self.policy_version))
         return rollouts
 
+    def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        """log p(continuation | prompt) under the model, for each prompt and each continuation (token ids): the sum
+        of the continuation's tokens' logprobs, read as prompt logprobs of prompt + continuation (exact, not limited
+        to the top tokens). Requests sharing a prompt reuse its cached prefix."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p in prompts for c in continuations],
+                                    params, use_tqdm=False)
+        sums = [sum(step[token].logprob for step, token in zip(o.prompt_logprobs[-len(c):], c))
+                for o, c in zip(outputs, continuations * len(prompts))]
+        return [sums[i:i + len(continuations)] for i in range(0, len(sums), len(continuations))]
+
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -44,6 +44,16 @@ def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgmen
     assert len((run / "reward_errors.jsonl").read_text().splitlines()) == unread
 
 
+def test_a_yes_probability_judge_rewards_each_response_with_its_probability_of_yes(tmp_path, tiny_model_dir, oxrl):
+    result = oxrl(*rlaif_args(tiny_model_dir, tmp_path, "train.steps=1", "reward.judge.score=yes-probability"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    judgments = [json.loads(line) for line in (tmp_path / "run" / "judgments.jsonl").read_text().splitlines()]
+    assert len(judgments) == 16 and all(0 < j["reward"] < 1 and "log p(Yes)" in j["judgment"] for j in judgments)
+    [step] = json.loads((tmp_path / "run" / "summary.json").read_text())["history"]
+    assert step["reward_mean"] == pytest.approx(sum(j["reward"] for j in judgments) / 16, abs=1e-6)
+    assert not (tmp_path / "run" / "reward_errors.jsonl").read_text()
+
+
 def _judge_pids(log: Path) -> list[int]:
     """The processes writing the judge's log: its engine's Ray actor."""
     pids = []

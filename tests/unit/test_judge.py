@@ -64,6 +64,7 @@ def test_templates_fill_their_placeholders_and_keep_other_braces():
     assert "{prompt}" in number and "{response}" in number and "from 0 " in number and " to 5 " in number
     pairwise = check_judge(JudgeSection(model="m", score="pairwise"))
     assert "{first}" in pairwise and "{second}" in pairwise
+    assert "Answer Yes or No." in check_judge(JudgeSection(model="m", score="yes-probability"))
 
 
 @pytest.mark.parametrize("settings, words", [
@@ -117,6 +118,23 @@ def test_pairwise_asks_twice_with_the_order_swapped_and_scores_the_share_of_wins
     assert biased.score_batch(["5", "4"], [QUESTION, QUESTION]) == [0.5, 0.5]
     with pytest.raises(OxrlError, match="needs an `answer`"):
         judge.score_batch(["5"], [{"prompt": "What is 2 + 3?"}])
+
+
+def test_yes_probability_is_the_judges_yes_against_no_from_its_exact_logprobs(tiny_model_dir):
+    import math
+
+    judge = Judge(JudgeSection(model=str(tiny_model_dir), score="yes-probability"))
+    asked = []
+
+    def engine(method, prompt_ids, answers):  # the engine's continuation_logprobs: log p(Yes), log p(No) per prompt
+        asked.append((method, len(prompt_ids), answers))
+        return [[math.log(0.03), math.log(0.01)], [math.log(0.2), math.log(0.6)]]
+
+    judge._call = engine
+    assert judge.score_batch(["5", "4"], [QUESTION, QUESTION]) == [pytest.approx(0.75), pytest.approx(0.25)]
+    tokenize = judge.tokenizer
+    assert asked == [("continuation_logprobs", 2, [tokenize("Yes", add_special_tokens=False)["input_ids"],
+                                                   tokenize("No", add_special_tokens=False)["input_ids"]])]
 
 
 def test_a_judge_prompt_longer_than_the_judges_context_is_reported_not_sent(tiny_model_dir):
