@@ -72,7 +72,7 @@ class WeightChannel:
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Engine worker: the weights as (name, view of the current bucket), one bucket received at a time."""
         for bucket in self.buckets:
-            flat = torch.empty(sum(s.numel for s in bucket), dtype=getattr(torch, bucket[0].dtype), device=self.device)
+            flat = _flat_buffer(bucket, self.device)
             self._broadcast(flat)
             yield from unpacked(bucket, flat)
 
@@ -108,7 +108,7 @@ def open_ipc(handles: dict[str, list[tuple]]) -> Iterator[tuple[str, torch.Tenso
 
 def packed(bucket: list[WeightSpec], weights: Iterator[tuple[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
     """The next len(bucket) of `weights`, checked against the bucket's names, copied end to end into one flat tensor."""
-    flat = torch.empty(sum(s.numel for s in bucket), dtype=getattr(torch, bucket[0].dtype), device=device)
+    flat = _flat_buffer(bucket, device)
     offset = 0
     for spec in bucket:
         name, tensor = next(weights)
@@ -124,3 +124,8 @@ def unpacked(bucket: list[WeightSpec], flat: torch.Tensor) -> Iterator[tuple[str
     for spec in bucket:
         yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
         offset += spec.numel
+
+
+def _flat_buffer(bucket: list[WeightSpec], device: torch.device) -> torch.Tensor:
+    """Room for the bucket's tensors end to end (one dtype per bucket)."""
+    return torch.empty(sum(s.numel for s in bucket), dtype=getattr(torch, bucket[0].dtype), device=device)
