@@ -109,6 +109,12 @@ def _as_turns(value, role: str, name: str) -> list:
     raise ValueError(f"field {name!r} must be a string or a list of messages, got {type(value).__name__}")
 
 
+def prompt_messages(record: dict) -> list[dict]:
+    """An RL record's prompt as messages: `messages`, else `prompt` (a string is one user message)."""
+    name = "messages" if "messages" in record else "prompt"
+    return list(_as_turns(record[name], "user", name))
+
+
 def load_sft_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tuple[list[SFTExample], DataReport]:
     """Tokenized SFT examples of a file; bad records are skipped and reported (fatal when `strict`)."""
     if not tokenizer.chat_template:
@@ -126,12 +132,11 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
     """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt."""
 
     def convert(record: dict) -> PromptExample:
-        name = "messages" if "messages" in record else "prompt"
-        if name not in record:
+        if "messages" not in record and "prompt" not in record:
             raise ValueError("missing field 'prompt' (an RL record needs 'prompt' or 'messages', plus what its reward reads)")
-        messages = _as_turns(record[name], "user", name)
+        messages = prompt_messages(record)
         if not messages:
-            raise ValueError(f"field {name!r} is an empty list")
+            raise ValueError(f"field {'messages' if 'messages' in record else 'prompt'!r} is an empty list")
         check_messages(messages)
         ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
         if len(ids) > max_prompt_len:

@@ -25,9 +25,8 @@ class Reservation:
             placement_group([bundle] * placement.tensor_parallel_size, strategy="STRICT_PACK")
             for _ in range(placement.engines)]
         self._judge = placement_group([bundle]) if placement.judge == "own" else None
-        groups = [self._trainer, *self._engines, *([self._judge] if self._judge else [])]
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=PLACEMENT_TIMEOUT_S)
-        if len(ready) < len(groups):
+        ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=PLACEMENT_TIMEOUT_S)
+        if len(ready) < len(self._groups):
             self.release()
             raise OxrlError(f"placement ({placement.describe()}) needs {placement.bundles} bundle(s) of {bundle}, "
                             f"an engine's on one node; Ray could not place them in {PLACEMENT_TIMEOUT_S} s. "
@@ -75,8 +74,12 @@ class Reservation:
         return self.placement.describe()
 
     def release(self) -> None:
-        for group in [self._trainer, *self._engines, *([self._judge] if self._judge else [])]:
+        for group in self._groups:
             remove_placement_group(group)
+
+    @property
+    def _groups(self) -> list:
+        return [self._trainer, *self._engines, *([self._judge] if self._judge else [])]
 
 
 def free_port() -> int:

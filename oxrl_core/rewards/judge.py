@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from oxrl_core.config.schema import JudgeSection
+from oxrl_core.data.records import prompt_messages
 from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
 from oxrl_core.rewards import RewardUnavailable, Unscored
@@ -100,11 +101,12 @@ def pairwise_reward(verdict_first: str | None, verdict_second: str | None) -> fl
 
 
 def prompt_text(record: dict) -> str:
-    """An RL record's prompt as the judge reads it: the string, or each message as `role: content`."""
-    prompt = record.get("messages", record.get("prompt"))
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+    """An RL record's prompt as the judge reads it: a single user turn as it is, a conversation as `role: content`
+    lines."""
+    messages = prompt_messages(record)
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 class Judge:
@@ -148,8 +150,8 @@ class Judge:
                                               "reference": str(sample.get("answer", ""))})
                        for response, sample in zip(responses, samples, strict=True)]
             if s.score == "yes-probability":
-                return [self._log(prompt, text, reward, text) for prompt, (text, reward) in zip(prompts, self._yes_probabilities(prompts))]
-            return [self._log(prompt, text, parse_score(text, s.score_min, s.score_max), text)
+                return [self._log(prompt, text, reward) for prompt, (text, reward) in zip(prompts, self._yes_probabilities(prompts))]
+            return [self._log(prompt, text, parse_score(text, s.score_min, s.score_max))
                     for prompt, text in self._judge(prompts)]
         if any("answer" not in sample for sample in samples):
             raise OxrlError("reward.judge.score=pairwise: every prompt record needs an `answer` (the reference the "
@@ -170,10 +172,9 @@ class Judge:
         """(prompt, the judge's text) for each prompt, in one batch on the engine; a prompt too long for the judge's
         context is not sent, and its text says so (it reads as no verdict)."""
         s = self.settings
-        ids, fits, too_long = self._prompt_ids(prompts, s.max_tokens)
+        ids, fits, texts = self._prompt_ids(prompts, s.max_tokens)
         seeds = [self.calls * 100_003 + i for i in fits]  # matter only when the judge samples (temperature > 0)
         rollouts = self._call("generate", [ids[i] for i in fits], 1, s.temperature, 1.0, s.max_tokens, seeds)
-        texts = too_long
         for i, rollout in zip(fits, sorted(rollouts, key=lambda r: r.group)):
             texts[i] = self.tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
         return list(zip(prompts, texts))
@@ -194,10 +195,10 @@ class Judge:
         s = self.settings
         ids = [chat_template_ids(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
                if self.tokenizer.chat_template else self.tokenizer(p)["input_ids"] for p in prompts]
-        fits = [i for i, x in enumerate(ids) if len(x) + new_tokens <= s.max_model_len]
-        why = [f"(not judged: the judge prompt has {len(x)} tokens; with {new_tokens} more it exceeds "
+        why = ["" if len(x) + new_tokens <= s.max_model_len else
+               f"(not judged: the judge prompt has {len(x)} tokens; with {new_tokens} more it exceeds "
                f"reward.judge.max_model_len={s.max_model_len})" for x in ids]
-        return ids, fits, why
+        return ids, [i for i, text in enumerate(why) if not text], why
 
     def _call(self, method: str, prompt_ids: list[list[int]], *args):
         """`method` of the judge's engine on `prompt_ids` (nothing to do for none), timed; an engine that died or
@@ -216,7 +217,8 @@ class Judge:
         self.engine_seconds = time.perf_counter() - start
         return result
 
-    def _log(self, prompt: str, text: str, reward: float | None, shown: str) -> float | Unscored:
+    def _log(self, prompt: str, text: str, reward: float | None, shown: str | None = None) -> float | Unscored:
+        """`text` goes to judgments.jsonl; `shown` (default `text`) names an unread verdict in the reward error."""
         if self.judgments is not None:
             line = json.dumps({"call": self.calls, "judge_prompt": prompt, "judgment": text, "reward": reward}) + "\n"
             if len(line) > self._log_budget:
@@ -227,4 +229,4 @@ class Judge:
                 self._log_budget -= len(line)
                 self.judgments.write(line)
                 self.judgments.flush()
-        return reward if reward is not None else Unscored(f"the judge's verdict could not be read: {shown[-300:]!r}")
+        return reward if reward is not None else Unscored(f"the judge's verdict could not be read: {(shown or text)[-300:]!r}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from oxrl_core.data.records import _as_turns
+from oxrl_core.data.records import prompt_messages
 from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
 
@@ -80,10 +80,3 @@ class RewardModel:
 
     def __call__(self, response: str, sample: dict) -> float:
         return self.score_batch([response], [sample])[0]
-
-
-def prompt_messages(record: dict) -> list[dict]:
-    """An RL record's prompt as messages, read as `load_prompts` reads it: `messages`, else `prompt`
-    (a string is one user message)."""
-    name = "messages" if "messages" in record else "prompt"
-    return list(_as_turns(record[name], "user", name))

@@ -11,7 +11,7 @@ from oxrl_core.config.schema import JudgeSection, RLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.placement import decide
 from oxrl_core.rewards import RewardUnavailable, Unscored, resolve_reward, score_samples
-from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_score, parse_verdict, render
+from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_score, parse_verdict, prompt_text, render
 
 QUESTION = {"prompt": "What is 2 + 3?", "answer": "5"}
 
@@ -55,6 +55,14 @@ def test_pairwise_swaps_the_order_so_a_judge_biased_to_one_position_gives_no_sig
     assert pairwise_reward("B", "A") == 0.0
     assert pairwise_reward(None, "B") == 1.0  # an unreadable verdict counts out
     assert pairwise_reward(None, None) is None
+
+
+def test_the_judge_reads_a_single_user_turn_as_is_and_a_conversation_as_role_lines():
+    assert prompt_text({"prompt": "What is 2+2?"}) == "What is 2+2?"
+    assert prompt_text({"messages": [{"role": "user", "content": "What is 2+2?"}]}) == "What is 2+2?"
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert prompt_text({"prompt": conversation}) == "system: Be brief.\nuser: 2+2?"
+    assert prompt_text({"messages": conversation, "prompt": "ignored"}) == "system: Be brief.\nuser: 2+2?"
 
 
 def test_templates_fill_their_placeholders_and_keep_other_braces():
