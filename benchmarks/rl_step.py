@@ -11,7 +11,8 @@ process of its own, gone before the run starts) generates the same batch three
 times (the median of the last two counts), for the rollout phase's share of
 standalone throughput: twice, with torch's default threads and with one thread as
 Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one CPU);
-the faster is the reference.
+the faster is the reference. After the loop, standalone vLLM with one thread once more (has the host slowed?), and
+for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
     python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b] [KEY=VALUE ...]    # overrides as for `oxrl train rl`
 """
@@ -83,18 +84,22 @@ def write_prompts(model: Path, path: Path) -> Path:
     return path
 
 
-class PeakGpuMemory:
-    """Device-wide memory in use (every process: vLLM and the trainer), sampled through NVML."""
+class GpuMonitor:
+    """Device-wide memory in use (every process: vLLM and the trainer), SM clock, utilisation and power, sampled
+    through NVML every 50 ms."""
 
     def __enter__(self):
         import pynvml
 
         pynvml.nvmlInit()
-        handle, self.peak_gb, self._stop = pynvml.nvmlDeviceGetHandleByIndex(0), 0.0, threading.Event()
+        handle, self.peak_gb, self.samples, self._stop = pynvml.nvmlDeviceGetHandleByIndex(0), 0.0, [], threading.Event()
 
         def sample():
             while not self._stop.wait(0.05):
                 self.peak_gb = max(self.peak_gb, pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
+                self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                                     pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                                     pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
 
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -103,6 +108,46 @@ class PeakGpuMemory:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+    def between(self, start: float, end: float) -> dict:
+        """Means of the samples taken between `start` and `end` (perf_counter seconds)."""
+        inside = [x for x in self.samples if start <= x[0] <= end] or [(0, 0, 0, 0)]
+        return {key: round(statistics.mean(x[i] for x in inside), 1)
+                for i, key in ((1, "sm_clock_mhz"), (2, "gpu_util_percent"), (3, "power_w"))}
+
+
+def _cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's (title, user + system CPU seconds so far); Ray titles its workers `ray::Actor.method`."""
+    import psutil
+
+    seconds = {}
+    for proc in psutil.process_iter(["cmdline", "name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None:
+            title = " ".join(proc.info["cmdline"] or [proc.info["name"] or "?"])[:70]
+            seconds[proc.pid] = (title, times.user + times.system)
+    return seconds
+
+
+def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
+    """Each rollout phase of the loop (`RolloutPool.generate`, wrapped): its seconds, the processes that used the
+    most CPU during it (CPU seconds per wall second) and the GPU's clock, utilisation and power meanwhile. Says
+    whether a later step's slower rollout is the engine working more, or waiting, or something beside it."""
+    from oxrl_core.rollout.pool import RolloutPool
+
+    windows, generate = [], RolloutPool.generate
+
+    def watched(self, *args, **kwargs):
+        before, start = _cpu_seconds(), time.perf_counter()
+        result = generate(self, *args, **kwargs)
+        end, after = time.perf_counter(), _cpu_seconds()
+        used = sorted(((after[pid][1] - before[pid][1], after[pid][0]) for pid in after.keys() & before.keys()), reverse=True)
+        windows.append({"seconds": round(end - start, 3), **monitor.between(start, end),
+                        "cpu_per_wall_s": [[round(cpu / (end - start), 2), title] for cpu, title in used[:6]]})
+        return result
+
+    RolloutPool.generate = watched
+    return windows
 
 
 def standalone_generate(model: Path, prompts: Path, config, threads: int | None) -> dict:
@@ -166,8 +211,12 @@ def main() -> None:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             standalone.append(pool.submit(standalone_generate, model, prompts, config, threads).result())
     fastest = max(standalone, key=lambda x: x["tokens_per_s"])
-    with PeakGpuMemory() as memory:
+    with GpuMonitor() as memory:
+        windows = watch_rollouts(memory)
         summary = train_rl(config, model_path, resume=False, console=Console())
+    # The reference again, after the loop: does the host itself generate slower than before the run?
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        standalone_after = pool.submit(standalone_generate, model, prompts, config, 1).result()
     history = summary["history"]
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     measured = history[1:] or history  # the first step compiles and allocates
@@ -175,7 +224,8 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(0), "overrides": args.overrides, **step,
               "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
-               "standalone_tokens_per_s": fastest["tokens_per_s"]}
+               "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
+               "rollout_windows": windows}
 
     n_params = _parameter_count(model)
     tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])
@@ -199,13 +249,14 @@ def main() -> None:
         "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / PEAK_FLOPS,
         "refresh_share": step["time_refresh_s"] / step_s,
         "rollout_vs_standalone": step["generate_tokens_per_s"] / result["standalone_tokens_per_s"],
+        "rollout_vs_standalone_after": step["generate_tokens_per_s"] / standalone_after["tokens_per_s"],
     }
     (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
     console = Console()
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
     for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
-                "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+                "rollout_vs_standalone_after", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
         value = result.get(key, float("nan"))
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
 

@@ -472,9 +472,9 @@ class _NoPeak:
 def _gpu_peak(on_gpu: bool):
     if not on_gpu:
         return _NoPeak()
-    from rl_step import PeakGpuMemory
+    from rl_step import GpuMonitor
 
-    return PeakGpuMemory()
+    return GpuMonitor()
 
 
 def _versions(**extra) -> dict:
