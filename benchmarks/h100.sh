@@ -7,6 +7,8 @@
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
+#   bash benchmarks/h100.sh cuda-graphs           # the train step with each layer's kernels as CUDA graphs, against
+#                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 #   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
 #                                                  # TRL's GRPOTrainer (colocated vLLM) then oxrl's step on rl_step.py's
@@ -58,6 +60,13 @@ if [ "$stage" = vs-trl ]; then
   exit 0
 fi
 
+if [ "$stage" = cuda-graphs ]; then
+  echo "== the train step, each decoder layer compiled: inductor's default mode against CUDA graphs"
+  timeout 540 python3 benchmarks/cuda_graph_probe.py --out "$WORK" > "$OUT/cuda_graph_probe.log" 2>&1
+  echo "rc=$?"; grep '^{' "$OUT/cuda_graph_probe.log"; cp "$WORK/cuda_graph_probe.json" "$OUT/" 2>/dev/null
+  exit 0
+fi
+
 if [ "$stage" = refresh ]; then
   echo "== a colocated refresh, part by part ($*)"
   timeout 400 python3 benchmarks/refresh_profile.py "$WORK/refresh" "$@" > "$OUT/refresh.log" 2>&1
@@ -65,7 +74,7 @@ if [ "$stage" = refresh ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | profile | refresh | cli | vs-trl [...]" >&2; exit 2; }
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | profile | refresh | cuda-graphs | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1

@@ -1,0 +1,92 @@
+"""Would CUDA graphs bring the training step to the GPU's own speed? A probe on a GPU, never a test.
+
+The training phase is bound by the host (RESULTS.md: the GPU idles between the compiled layers' hundreds of small
+kernel launches per micro-batch). This trains `rl_step.py`'s model (Qwen2.5-0.5B's shape, random weights, bf16) on
+micro-batches of one fixed shape (16 sequences of 640 tokens, rl_step's lengths, unpacked) in plain torch (fused
+AdamW on the bf16 weights, no DeepSpeed), logprobs through oxrl's fused head, each decoder layer compiled as
+`compile_blocks` does, once with inductor's default mode (oxrl's today) and once with mode="reduce-overhead" (each
+layer's forward and backward recorded as CUDA graphs and replayed: one launch instead of hundreds). Each mode runs
+in a fresh process. Reported per mode: seconds per micro-batch (forward + backward), MFU (6 N per token, parameters
+only, as RESULTS.md counts), seconds per optimizer step of ACCUM micro-batches, peak memory.
+
+    python benchmarks/cuda_graph_probe.py --out DIR
+"""
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16
+MICRO_BATCH, LENGTH, ACCUM, STEPS = 16, 640, 8, 4
+
+
+def train(model_path: str, mode: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from oxrl_core.training.fused_head import fused_token_logprobs
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model.config.use_cache = False
+    for layer in model.model.layers:
+        layer.compile(mode=mode)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    params = sum(p.numel() for p in model.parameters())
+    batches = [torch.randint(0, 151_000, (MICRO_BATCH, LENGTH), device="cuda") for _ in range(ACCUM)]
+    advantages = torch.randn(MICRO_BATCH, LENGTH - 1, device="cuda")
+
+    def micro_batch(ids: torch.Tensor) -> None:
+        hidden = model.model(input_ids=ids).last_hidden_state
+        logprobs, _ = fused_token_logprobs(hidden, model.lm_head.weight, ids)
+        (-(logprobs * advantages).mean() / ACCUM).backward()
+
+    step_s, micro_s = [], []
+    for step in range(STEPS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for ids in batches:
+            micro_batch(ids)
+        torch.cuda.synchronize()
+        backward_done = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the gradients keep their memory (and addresses) across steps
+        torch.cuda.synchronize()
+        if step:  # the first compiles and records
+            step_s.append(time.perf_counter() - start)
+            micro_s.append((backward_done - start) / ACCUM)
+    seconds = statistics.median(micro_s)
+    return {"mode": mode, "params": params, "micro_batch_s": seconds, "step_s": statistics.median(step_s),
+            "mfu": 6 * params * MICRO_BATCH * LENGTH / seconds / PEAK_FLOPS,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def main() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rl_step import QWEN25_SHAPES, build_model
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])
+    results = []
+    for mode in ("default", "reduce-overhead"):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            try:
+                results.append(pool.submit(train, str(model), mode).result())
+            except Exception as e:  # a mode that fails is a result too
+                results.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:2000]}"})
+        print(json.dumps(results[-1]), flush=True)
+    (args.out / "cuda_graph_probe.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
