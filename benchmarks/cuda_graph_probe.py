@@ -7,14 +7,17 @@ AdamW on the bf16 weights, no DeepSpeed), logprobs through oxrl's fused head, ea
 `compile_blocks` does, once with inductor's default mode (oxrl's today) and once with mode="reduce-overhead" (each
 layer's forward and backward recorded as CUDA graphs and replayed: one launch instead of hundreds). Each mode runs
 in a fresh process. Reported per mode: seconds per micro-batch (forward + backward), MFU (6 N per token, parameters
-only, as RESULTS.md counts), seconds per optimizer step of ACCUM micro-batches, peak memory.
+only, as RESULTS.md counts), seconds per optimizer step of ACCUM micro-batches, peak memory. Variants also put
+DeepSpeed (ZeRO-1, as rl_step.py runs oxrl) in place of plain AdamW, or compile the whole decoder stack as one graph
+(cudagraph trees cannot replay one compiled layer 24 times within a forward that keeps activations for backward).
 
-    python benchmarks/cuda_graph_probe.py --out DIR
+    python benchmarks/cuda_graph_probe.py --out DIR [VARIANT ...]    # e.g. layers/default/deepspeed (see `train`)
 """
 
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -26,43 +29,64 @@ PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 MICRO_BATCH, LENGTH, ACCUM, STEPS = 16, 640, 8, 4
 
 
-def train(model_path: str, mode: str) -> dict:
+def train(model_path: str, variant: str) -> dict:
+    """`variant`: "<what is compiled>/<inductor mode>/<optimizer>": layers or stack (the whole decoder stack, one
+    graph), default or reduce-overhead, torch (fused AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights,
+    as rl_step.py configures oxrl)."""
     from transformers import AutoModelForCausalLM
 
     from oxrl_core.training.fused_head import fused_token_logprobs
 
+    scope, mode, optimizer_kind = variant.split("/")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
     model.config.use_cache = False
-    for layer in model.model.layers:
-        layer.compile(mode=mode)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    for block in model.model.layers if scope == "layers" else [model.model]:
+        block.compile(mode=mode)
     params = sum(p.numel() for p in model.parameters())
+    if optimizer_kind == "deepspeed":
+        import deepspeed
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=list(model.parameters()),
+            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True),
+            config={"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": ACCUM,
+                    "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                    "steps_per_print": 10**9})
+        backward, step = engine.backward, engine.step  # DeepSpeed scales by ACCUM and steps at the boundary
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+        backward = lambda loss: (loss / ACCUM).backward()
+
+        def step():
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)  # the gradients keep their memory (and addresses) across steps
     batches = [torch.randint(0, 151_000, (MICRO_BATCH, LENGTH), device="cuda") for _ in range(ACCUM)]
     advantages = torch.randn(MICRO_BATCH, LENGTH - 1, device="cuda")
 
-    def micro_batch(ids: torch.Tensor) -> None:
-        hidden = model.model(input_ids=ids).last_hidden_state
-        logprobs, _ = fused_token_logprobs(hidden, model.lm_head.weight, ids)
-        (-(logprobs * advantages).mean() / ACCUM).backward()
-
     step_s, micro_s = [], []
-    for step in range(STEPS):
+    for n in range(STEPS):
         torch.cuda.synchronize()
         start = time.perf_counter()
         for ids in batches:
-            micro_batch(ids)
+            hidden = model.model(input_ids=ids).last_hidden_state
+            logprobs, _ = fused_token_logprobs(hidden, model.lm_head.weight, ids)
+            backward(-(logprobs * advantages).mean())
+            if optimizer_kind == "deepspeed":
+                step()
         torch.cuda.synchronize()
         backward_done = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # the gradients keep their memory (and addresses) across steps
+        if optimizer_kind != "deepspeed":
+            step()
         torch.cuda.synchronize()
-        if step:  # the first compiles and records
+        if n:  # the first compiles and records
             step_s.append(time.perf_counter() - start)
             micro_s.append((backward_done - start) / ACCUM)
     seconds = statistics.median(micro_s)
-    return {"mode": mode, "params": params, "micro_batch_s": seconds, "step_s": statistics.median(step_s),
+    return {"variant": variant, "params": params, "micro_batch_s": seconds, "step_s": statistics.median(step_s),
             "mfu": 6 * params * MICRO_BATCH * LENGTH / seconds / PEAK_FLOPS,
+            "step_mfu": 6 * params * MICRO_BATCH * LENGTH * ACCUM / statistics.median(step_s) / PEAK_FLOPS,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
 
 
@@ -74,16 +98,18 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("variants", nargs="*", default=["layers/default/torch", "layers/reduce-overhead/torch"],
+                        help="<layers|stack>/<default|reduce-overhead>/<torch|deepspeed>")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])
     results = []
-    for mode in ("default", "reduce-overhead"):
+    for variant in args.variants:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             try:
-                results.append(pool.submit(train, str(model), mode).result())
-            except Exception as e:  # a mode that fails is a result too
-                results.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:2000]}"})
+                results.append(pool.submit(train, str(model), variant).result())
+            except Exception as e:  # a variant that fails is a result too
+                results.append({"variant": variant, "error": f"{type(e).__name__}: {str(e)[:2000]}"})
         print(json.dumps(results[-1]), flush=True)
     (args.out / "cuda_graph_probe.json").write_text(json.dumps(results, indent=2))
 

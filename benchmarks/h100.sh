@@ -7,7 +7,7 @@
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
-#   bash benchmarks/h100.sh cuda-graphs           # the train step with each layer's kernels as CUDA graphs, against
+#   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 #   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
@@ -62,7 +62,7 @@ fi
 
 if [ "$stage" = cuda-graphs ]; then
   echo "== the train step, each decoder layer compiled: inductor's default mode against CUDA graphs"
-  timeout 540 python3 benchmarks/cuda_graph_probe.py --out "$WORK" > "$OUT/cuda_graph_probe.log" 2>&1
+  timeout 540 python3 benchmarks/cuda_graph_probe.py --out "$WORK" "$@" > "$OUT/cuda_graph_probe.log" 2>&1
   echo "rc=$?"; grep '^{' "$OUT/cuda_graph_probe.log"; cp "$WORK/cuda_graph_probe.json" "$OUT/" 2>/dev/null
   exit 0
 fi
