@@ -22,6 +22,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -29,9 +30,21 @@ PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 MICRO_BATCH, LENGTH, ACCUM, STEPS = 16, 640, 8, 4
 
 
+class _LayerCall(torch.nn.Module):
+    """A decoder layer called with tensors only (what make_graphed_callables takes); causal attention without a mask."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.layer(hidden, attention_mask=None, position_embeddings=(cos, sin))
+
+
 def train(model_path: str, variant: str) -> dict:
-    """`variant`: "<what is compiled>/<inductor mode>/<optimizer>": layers or stack (the whole decoder stack, one
-    graph), default or reduce-overhead, torch (fused AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights,
+    """`variant`: "<scope>/<inductor mode>/<optimizer>": layers (each decoder layer compiled), stack (the whole
+    decoder stack, one graph) or graphed (each layer, compiled in `mode` unless none, captured as CUDA graphs by
+    torch.cuda.make_graphed_callables: fixed shapes); default, reduce-overhead or none; torch (fused AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights,
     as rl_step.py configures oxrl)."""
     from transformers import AutoModelForCausalLM
 
@@ -41,9 +54,25 @@ def train(model_path: str, variant: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
     model.config.use_cache = False
-    for block in model.model.layers if scope == "layers" else [model.model]:
-        block.compile(mode=mode)
+    if mode != "none":
+        for block in model.model.layers if scope in ("layers", "graphed") else [model.model]:
+            block.compile(mode=mode)
     params = sum(p.numel() for p in model.parameters())
+    decoder = model.model
+    if scope == "graphed":  # each layer's forward and backward captured by torch.cuda.make_graphed_callables
+        positions = torch.arange(LENGTH, device="cuda").expand(MICRO_BATCH, -1)
+        cos, sin = decoder.rotary_emb(torch.empty(1, dtype=torch.bfloat16, device="cuda"), positions)
+        sample = [(torch.randn(MICRO_BATCH, LENGTH, model.config.hidden_size, dtype=torch.bfloat16, device="cuda",
+                               requires_grad=True), cos, sin) for _ in decoder.layers]
+        graphed = torch.cuda.make_graphed_callables(tuple(_LayerCall(layer) for layer in decoder.layers), tuple(sample))
+
+        def decoder(input_ids):
+            hidden = decoder_embed(input_ids)
+            for layer in graphed:
+                hidden = layer(hidden, cos, sin)
+            return SimpleNamespace(last_hidden_state=decoder_norm(hidden))
+
+        decoder_embed, decoder_norm = model.model.embed_tokens, model.model.norm
     if optimizer_kind == "deepspeed":
         import deepspeed
 
@@ -70,7 +99,7 @@ def train(model_path: str, variant: str) -> dict:
         torch.cuda.synchronize()
         start = time.perf_counter()
         for ids in batches:
-            hidden = model.model(input_ids=ids).last_hidden_state
+            hidden = decoder(input_ids=ids).last_hidden_state
             logprobs, _ = fused_token_logprobs(hidden, model.lm_head.weight, ids)
             backward(-(logprobs * advantages).mean())
             if optimizer_kind == "deepspeed":
@@ -99,7 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("variants", nargs="*", default=["layers/default/torch", "layers/reduce-overhead/torch"],
-                        help="<layers|stack>/<default|reduce-overhead>/<torch|deepspeed>")
+                        help="<layers|stack|graphed>/<default|reduce-overhead|none>/<torch|deepspeed>")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])
