@@ -28,51 +28,70 @@ import torch
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 MICRO_BATCH, LENGTH, ACCUM, STEPS = 16, 640, 8, 4
+SEQUENCE, PACKED_TOKENS = 639, MICRO_BATCH * LENGTH  # rl_step's sequences (128 + 511 tokens) packed, padded to a bucket
 
 
 class _LayerCall(torch.nn.Module):
-    """A decoder layer called with tensors only (what make_graphed_callables takes); causal attention without a mask."""
+    """A decoder layer called with tensors only (what make_graphed_callables takes): causal attention without a mask,
+    or within each packed sequence of `cu_seq_lens` (oxrl's varlen attention)."""
 
     def __init__(self, layer: torch.nn.Module):
         super().__init__()
         self.layer = layer
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self.layer(hidden, attention_mask=None, position_embeddings=(cos, sin))
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cu_seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        packed = {} if cu_seq_lens is None else {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
+                                                 "max_length_q": LENGTH, "max_length_k": LENGTH}
+        return self.layer(hidden, attention_mask=None, position_embeddings=(cos, sin), **packed)
 
 
 def train(model_path: str, variant: str) -> dict:
-    """`variant`: "<scope>/<inductor mode>/<optimizer>": layers (each decoder layer compiled), stack (the whole
-    decoder stack, one graph) or graphed (each layer, compiled in `mode` unless none, captured as CUDA graphs by
-    torch.cuda.make_graphed_callables: fixed shapes); default, reduce-overhead or none; torch (fused AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights,
-    as rl_step.py configures oxrl)."""
+    """`variant`: "<scope>/<inductor mode>/<optimizer>". Scope: layers (each decoder layer compiled), stack (the
+    whole decoder stack, one graph), graphed (each layer, compiled in `mode` unless none, captured as CUDA graphs by
+    torch.cuda.make_graphed_callables: fixed shapes), packed (the micro-batch's sequences in one row of PACKED_TOKENS
+    tokens, attention within each, the padding at the end a sequence of its own: fixed shapes too, as token-count
+    buckets would make them) or packed-graphed. Mode: default, reduce-overhead or none. Optimizer: torch (fused
+    AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights, as rl_step.py configures oxrl)."""
     from transformers import AutoModelForCausalLM
 
     from oxrl_core.training.fused_head import fused_token_logprobs
+    from oxrl_core.training.packing import ATTENTION
 
     scope, mode, optimizer_kind = variant.split("/")
+    packed = scope.startswith("packed")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16,
+                                                 attn_implementation=ATTENTION if packed else "sdpa").cuda()
     model.config.use_cache = False
     if mode != "none":
-        for block in model.model.layers if scope in ("layers", "graphed") else [model.model]:
+        for block in [model.model] if scope == "stack" else model.model.layers:
             block.compile(mode=mode)
     params = sum(p.numel() for p in model.parameters())
+    shape = (1, PACKED_TOKENS) if packed else (MICRO_BATCH, LENGTH)
     decoder = model.model
-    if scope == "graphed":  # each layer's forward and backward captured by torch.cuda.make_graphed_callables
-        positions = torch.arange(LENGTH, device="cuda").expand(MICRO_BATCH, -1)
+    if scope not in ("layers", "stack"):  # the layers one by one, as _LayerCall calls them
+        if packed:  # MICRO_BATCH sequences of SEQUENCE tokens, then the padding
+            ends = [SEQUENCE * (i + 1) for i in range(MICRO_BATCH)] + [PACKED_TOKENS]
+            cu_seq_lens = torch.tensor([0, *ends], dtype=torch.int32, device="cuda")
+            positions = torch.cat([torch.arange(b - a) for a, b in zip([0, *ends], ends)])[None].cuda()
+            extra = (cu_seq_lens,)
+        else:
+            positions, extra = torch.arange(LENGTH, device="cuda").expand(MICRO_BATCH, -1), ()
         cos, sin = decoder.rotary_emb(torch.empty(1, dtype=torch.bfloat16, device="cuda"), positions)
-        sample = [(torch.randn(MICRO_BATCH, LENGTH, model.config.hidden_size, dtype=torch.bfloat16, device="cuda",
-                               requires_grad=True), cos, sin) for _ in decoder.layers]
-        graphed = torch.cuda.make_graphed_callables(tuple(_LayerCall(layer) for layer in decoder.layers), tuple(sample))
+        calls = tuple(_LayerCall(layer) for layer in decoder.layers)
+        if scope.endswith("graphed"):
+            sample = [(torch.randn(*shape, model.config.hidden_size, dtype=torch.bfloat16, device="cuda",
+                                   requires_grad=True), cos, sin, *extra) for _ in calls]
+            calls = torch.cuda.make_graphed_callables(calls, tuple(sample))
+        embed, norm = model.model.embed_tokens, model.model.norm
 
         def decoder(input_ids):
-            hidden = decoder_embed(input_ids)
-            for layer in graphed:
-                hidden = layer(hidden, cos, sin)
-            return SimpleNamespace(last_hidden_state=decoder_norm(hidden))
+            hidden = embed(input_ids)
+            for call in calls:
+                hidden = call(hidden, cos, sin, *extra)
+            return SimpleNamespace(last_hidden_state=norm(hidden))
 
-        decoder_embed, decoder_norm = model.model.embed_tokens, model.model.norm
     if optimizer_kind == "deepspeed":
         import deepspeed
 
@@ -91,8 +110,8 @@ def train(model_path: str, variant: str) -> dict:
         def step():
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)  # the gradients keep their memory (and addresses) across steps
-    batches = [torch.randint(0, 151_000, (MICRO_BATCH, LENGTH), device="cuda") for _ in range(ACCUM)]
-    advantages = torch.randn(MICRO_BATCH, LENGTH - 1, device="cuda")
+    batches = [torch.randint(0, 151_000, shape, device="cuda") for _ in range(ACCUM)]
+    advantages = torch.randn(shape[0], shape[1] - 1, device="cuda")
 
     step_s, micro_s = [], []
     for n in range(STEPS):
@@ -128,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("variants", nargs="*", default=["layers/default/torch", "layers/reduce-overhead/torch"],
-                        help="<layers|stack|graphed>/<default|reduce-overhead|none>/<torch|deepspeed>")
+                        help="<layers|stack|graphed|packed|packed-graphed>/<default|reduce-overhead|none>/<torch|deepspeed>")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])
