@@ -22,11 +22,11 @@ def two_declared_gpus():
 
 
 def gpus_of(reservation: Reservation, ranks: int, engines: list[int]) -> tuple[list, list]:
-    """The GPUs Ray gives an actor placed as each rank and each engine worker would be."""
+    """The GPUs Ray gives an actor placed as each rank and each engine worker would be, each as "node:GPU"."""
 
     class Probe:  # defined here so that Ray ships it by value (this test module is not importable on its workers)
         def gpus(self) -> list[str]:
-            return [str(g) for g in ray.get_gpu_ids()]
+            return [f"{ray.get_runtime_context().get_node_id()}:{g}" for g in ray.get_gpu_ids()]
 
     probe = ray.remote(Probe)
     rank_gpus = ray.get([probe.options(**reservation.rank_options(r)).remote().gpus.remote() for r in range(ranks)])
@@ -53,6 +53,36 @@ def test_a_tensor_parallel_engine_spans_the_ranks_gpus(two_declared_gpus):
 def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
     ranks, workers = gpus_of(Reservation(Placement("split", True, 1, 1, 1)), 1, [1])
     assert ranks[0] != workers[0][0]
+
+
+@pytest.fixture
+def two_nodes_of_four_declared_gpus():
+    """Eight GPUs on two Ray nodes of this machine, declared to Ray's scheduler only: two 4-GPU hosts of a cluster."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 4, "object_store_memory": 100 * 2**20})
+    cluster.add_node(num_cpus=8, num_gpus=4, object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.own_ray_cluster
+def test_eight_colocated_ranks_on_two_nodes_get_a_gpu_each_and_each_tensor_parallel_engine_stays_on_one_node(
+        two_nodes_of_four_declared_gpus):
+    """Issue 19's layout: 8 ranks, 4 engines of tensor parallelism 2, each engine worker on its rank's GPU."""
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 8, 4, 2)), 8, [2, 2, 2, 2])
+    assert all(len(g) == 1 for g in ranks) and len({g[0] for g in ranks}) == 8
+    assert [[w[0] for w in engine] for engine in workers] == [[ranks[2 * e][0], ranks[2 * e + 1][0]] for e in range(4)]
+    assert all(len({w[0].split(":")[0] for w in engine}) == 1 for engine in workers)
+
+
+@pytest.mark.own_ray_cluster
+def test_split_six_ranks_and_two_engines_on_two_nodes_use_each_of_the_eight_gpus_once(two_nodes_of_four_declared_gpus):
+    ranks, workers = gpus_of(Reservation(Placement("split", True, 6, 2, 1)), 6, [1, 1])
+    assert len({g[0] for g in ranks} | {w[0][0] for w in workers}) == 8
 
 
 @pytest.fixture
