@@ -1,11 +1,12 @@
 """One RL step on a GPU, phase by phase: a benchmark, never a test.
 
-A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B) is built locally;
-64 prompts of 128 tokens x 8 samples x 512 new tokens go through `train_rl`, the
+A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B; `--shape 32b`) is
+built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
+and engines) go through `train_rl`, the
 same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
-phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak, peak GPU memory;
+phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per GPU, peak memory of GPU 0;
 and, first, standalone vLLM (the same engine class, no Ray, no trainer, in a fresh
 process of its own, gone before the run starts) generates the same batch three
 times (the median of the last two counts), for the rollout phase's share of
@@ -14,7 +15,7 @@ Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one C
 the faster is the reference. After the loop, standalone vLLM with one thread once more (has the host slowed?), and
 for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
-    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b] [KEY=VALUE ...]    # overrides as for `oxrl train rl`
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b] [--gpus N] [KEY=VALUE ...]   # overrides as for `oxrl train rl`
 """
 
 import argparse
@@ -44,6 +45,9 @@ QWEN25_SHAPES = {
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                tie_word_embeddings=False),
+    "32b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                num_key_value_heads=8, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
+                tie_word_embeddings=False),
 }
 
 
@@ -65,14 +69,14 @@ def build_model(folder: Path, shape: dict) -> Path:
     return folder
 
 
-def write_prompts(model: Path, path: Path) -> Path:
-    """PROMPTS records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long."""
+def write_prompts(model: Path, path: Path, count: int) -> Path:
+    """`count` records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     length = lambda text: len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"])
     records = []
-    for i in range(PROMPTS):
+    for i in range(count):
         text = f"Problem {i}: what is {i} + {i}?"
         while length(text) < PROMPT_TOKENS:
             text += f" {(i * 7 + len(text)) % 10}"
@@ -151,8 +155,8 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
 
 
 def standalone_generate(model: Path, prompts: Path, config, threads: int | None) -> dict:
-    """The rollout engine alone, in this process (with `threads` torch threads, else torch's default), on the same
-    prompts and settings; the second and third runs are timed."""
+    """The rollout engine alone, in this process (with `threads` torch threads, else torch's default), on one GPU's
+    share of the prompts (the first PROMPTS) and the same settings; the second and third runs are timed."""
     from transformers import AutoTokenizer
 
     if threads:
@@ -162,7 +166,7 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
-                                         add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()]
+                                         add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()[:PROMPTS]]
     r = config.rollout
     engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0,
                            len(ids) * r.n_samples)
@@ -176,21 +180,22 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int, shape: str) -> tuple[Path, Path, Path]:
-    """The model, the prompts and the run's config (`rl_step.yaml`) under `out`."""
+def prepare(out: Path, steps: int, shape: str, gpus: int = 1) -> tuple[Path, Path, Path]:
+    """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
+    trainer rank and an engine (colocated)."""
     model = build_model(out / f"qwen2.5-{shape}-shape", QWEN25_SHAPES[shape])
-    prompts = write_prompts(model, out / "prompts.jsonl")
+    prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus)
     config_path = out / "rl_step.yaml"
     config_path.write_text(yaml.safe_dump({
         "model": {"name_or_path": str(model), "dtype": "bfloat16"},
         "data": {"train": [{"path": str(prompts)}]},
         "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant",
-                  "batch_size": PROMPTS * SAMPLES, "micro_batch_size": 16, "grad_accum": PROMPTS * SAMPLES // 16},
+                  "batch_size": PROMPTS * SAMPLES * gpus, "micro_batch_size": 16, "grad_accum": PROMPTS * SAMPLES // 16},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS, "max_prompt_len": PROMPT_TOKENS,
-                    "gpu_memory_utilization": 0.4},
+                    "gpu_memory_utilization": 0.4, "engines": gpus},
         "reward": {"func": "math"},
         "deepspeed": {"zero_stage": 1},
-        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": 1},
+        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus},
     }))
     return model, prompts, config_path
 
@@ -200,10 +205,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4, help="RL steps; the median of all but the first is reported")
     parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank and an engine, each with PROMPTS "
+                        "prompts of the step; MFU counts the peak of all of them")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps, args.shape)
+    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
     # In a process of its own: run in this one after the loop, it once came out 1.6x slower than the loop's engine
     standalone = []
@@ -221,7 +228,7 @@ def main() -> None:
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     measured = history[1:] or history  # the first step compiles and allocates
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
-    result = {"device": torch.cuda.get_device_name(0), "overrides": args.overrides, **step,
+    result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
               "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
                "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
@@ -239,24 +246,28 @@ def main() -> None:
     # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights' (LoRA's own
     # weights are negligible beside them)
     train_flops = (4 if config.lora.enabled else 6) * n_params
+    gpus, peak = args.gpus, PEAK_FLOPS * args.gpus
     result |= {
         "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
         "train_tokens_per_s": tokens / step["time_train_s"],
-        "train_mfu": train_flops * tokens / step["time_train_s"] / PEAK_FLOPS,
-        "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / PEAK_FLOPS,
+        "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / gpus,
+        "generate_tokens_per_s_per_gpu": step["generate_tokens_per_s"] / gpus,
+        "train_mfu": train_flops * tokens / step["time_train_s"] / peak,
+        "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / peak,
         # a forward (logprobs) + forward/backward
-        "training_phase_mfu": (2 * n_params + train_flops) * tokens / phase_s / PEAK_FLOPS,
-        "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / PEAK_FLOPS,
+        "training_phase_mfu": (2 * n_params + train_flops) * tokens / phase_s / peak,
+        "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / peak,
         "refresh_share": step["time_refresh_s"] / step_s,
-        "rollout_vs_standalone": step["generate_tokens_per_s"] / result["standalone_tokens_per_s"],
-        "rollout_vs_standalone_after": step["generate_tokens_per_s"] / standalone_after["tokens_per_s"],
+        # the standalone engine has one GPU's share of the prompts
+        "rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
+        "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"],
     }
     (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
     console = Console()
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
     for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
-                "rollout_vs_standalone_after", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+                "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
         value = result.get(key, float("nan"))
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
 
