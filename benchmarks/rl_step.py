@@ -212,18 +212,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
-    # In a process of its own: run in this one after the loop, it once came out 1.6x slower than the loop's engine
-    standalone = []
-    for threads in (None, 1):
+
+    def standalone_in_own_process(threads: int | None) -> dict:
+        # run in this process after the loop, it once came out 1.6x slower than the loop's engine
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            standalone.append(pool.submit(standalone_generate, model, prompts, config, threads).result())
+            return pool.submit(standalone_generate, model, prompts, config, threads).result()
+
+    standalone = [standalone_in_own_process(threads) for threads in (None, 1)]
     fastest = max(standalone, key=lambda x: x["tokens_per_s"])
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
         summary = train_rl(config, model_path, resume=False, console=Console())
     # The reference again, after the loop: does the host itself generate slower than before the run?
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        standalone_after = pool.submit(standalone_generate, model, prompts, config, 1).result()
+    standalone_after = standalone_in_own_process(1)
     history = summary["history"]
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     measured = history[1:] or history  # the first step compiles and allocates

@@ -132,11 +132,12 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
     """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt."""
 
     def convert(record: dict) -> PromptExample:
-        if "messages" not in record and "prompt" not in record:
+        name = "messages" if "messages" in record else "prompt"
+        if name not in record:
             raise ValueError("missing field 'prompt' (an RL record needs 'prompt' or 'messages', plus what its reward reads)")
         messages = prompt_messages(record)
         if not messages:
-            raise ValueError(f"field {'messages' if 'messages' in record else 'prompt'!r} is an empty list")
+            raise ValueError(f"field {name!r} is an empty list")
         check_messages(messages)
         ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
         if len(ids) > max_prompt_len:
