@@ -65,9 +65,11 @@ def main() -> None:
         group = TrainGroup(config, model_path, out / "logs", reservation)
         pool = RolloutPool(config, model_path, out / "logs", reservation, group)
         engine = pool.workers[0]
+        assert pool.weight_buckets == 1, "the parts are timed for a model of one bucket (rollout.weight_bucket_mb)"
         for version in range(1, 6):
             timed("refresh (the loop's call)", lambda: pool.refresh(version))
-            handles = timed("share_weights (trainer)", lambda: group.call("share_weights", [True])[0])
+            handles = timed("share_weights (trainer)",
+                            lambda: group.call("share_weights", [True], bucket=0, bucket_bytes=pool.bucket_bytes)[0])
             for load in ("reload_weights", "load_weights"):
                 seconds = timed(f"load via {load} (engine call)", lambda: ray.get(engine.__ray_call__.remote(_load, load, handles)))
                 times.setdefault(f"load via {load} (in the worker)", []).append(seconds)

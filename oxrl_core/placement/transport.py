@@ -1,8 +1,10 @@
 """How new weights travel from the trainer to the vLLM engine workers, never through the driver or Ray's object store.
 
-- CUDA IPC (colocated on GPUs): every trainer rank copies its gathered weights into one flat buffer per dtype and
-  shares those as handles keyed by its GPU's UUID; each engine worker opens those of its own GPU and copies device
-  to device. One buffer, not one per tensor: every handle opened costs a `cudaIpcOpenMemHandle` of milliseconds.
+- CUDA IPC (colocated on GPUs): bucket by bucket (the same buckets as below), every trainer rank copies its gathered
+  weights into one flat buffer and shares it as a handle keyed by its GPU's UUID; each engine worker opens the one of
+  its own GPU, copies device to device and waits for the copies before the next bucket. One buffer per bucket, not
+  one per tensor: every handle opened costs a `cudaIpcOpenMemHandle` of milliseconds; and not one for the model:
+  a whole copy would sit on each GPU beside the trainer's shard and vLLM's weights (64 GB for a 32B model).
 - Broadcast (split, and always on CPU): a process group of trainer rank 0 and every engine worker (NCCL on GPUs,
   gloo on CPU), outside both sides' default groups. Rank 0 packs the weights in the order of a plan both sides
   hold into flat buckets of at most `bucket_bytes` and broadcasts them one by one; the workers unpack each bucket
@@ -10,7 +12,6 @@
 """
 
 import datetime
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -87,23 +88,19 @@ def gpu_uuid() -> str:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
-def share_over_ipc(plan: list[WeightSpec], weights: Iterator[tuple[str, torch.Tensor]]) -> tuple[list[torch.Tensor], list[tuple]]:
-    """`weights` (in `plan` order) packed into one flat buffer per dtype on this GPU, and each buffer's CUDA IPC handle
-    with its part of the plan; the buffers must stay alive until the engine worker has loaded them."""
+def share_over_ipc(bucket: list[WeightSpec], weights: Iterator[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, tuple]:
+    """The next len(bucket) of `weights` packed into one flat buffer on this GPU, and the buffer's CUDA IPC handle;
+    the buffer must stay alive until the engine worker has loaded it."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    kept, handles = [], []
-    for bucket in buckets(plan, bucket_bytes=sys.maxsize):  # one per run of a dtype
-        kept.append(packed(bucket, weights, torch.device("cuda", torch.cuda.current_device())))
-        handles.append((bucket, reduce_tensor(kept[-1])))
-    assert next(weights, None) is None, "more weights than the plan"
-    return kept, handles
+    flat = packed(bucket, weights, torch.device("cuda", torch.cuda.current_device()))
+    return flat, reduce_tensor(flat)
 
 
-def open_ipc(handles: dict[str, list[tuple]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Engine worker: views of the buffers shared by the trainer rank on this worker's GPU, tensor by tensor."""
-    for bucket, (rebuild, args) in handles[gpu_uuid()]:
-        yield from unpacked(bucket, rebuild(*args))
+def open_ipc(handles: dict[str, tuple]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Engine worker: views of the bucket shared by the trainer rank on this worker's GPU, tensor by tensor."""
+    bucket, (rebuild, args) = handles[gpu_uuid()]
+    yield from unpacked(bucket, rebuild(*args))
 
 
 def packed(bucket: list[WeightSpec], weights: Iterator[tuple[str, torch.Tensor]], device: torch.device) -> torch.Tensor:

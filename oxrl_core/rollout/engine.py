@@ -49,6 +49,7 @@ def _load_weights(worker, weights):
         runner.get_model().load_weights(weights)
         runner.reset_encoder_cache()  # what `reload_weights` also resets: state computed with the old weights
         runner.reset_mm_cache()
+        torch.cuda.current_stream().synchronize()  # the copies are done before the sender reuses or frees the memory
         return
     runner.reload_weights(weights_iterator=weights)
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -176,8 +177,9 @@ class RolloutEngine:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.policy_version = policy_version
 
-    def load_shared_weights(self, handles: dict[str, list], policy_version: int) -> None:
-        """Colocated: open the CUDA IPC handles of the trainer rank on this GPU (`handles` holds every rank's)."""
+    def load_shared_weights(self, handles: dict[str, tuple], policy_version: int) -> None:
+        """Colocated: load the bucket of weights shared over CUDA IPC by the trainer rank on this GPU (`handles` holds
+        every rank's); called once per bucket."""
         self.load_weights(open_ipc(handles), policy_version)
 
     def open_weight_channel(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec],

@@ -10,6 +10,7 @@ import ray
 
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.placement.groups import Reservation
+from oxrl_core.placement.transport import buckets
 from oxrl_core.rollout.engine import Rollout, RolloutEngine, start_error
 from oxrl_core.training.engine import model_dtype
 from oxrl_core.training.group import RAY_CALL_TIMEOUT_S, TrainGroup
@@ -41,12 +42,14 @@ class RolloutPool:
         for failure, log in zip(ray.get([w.start_failure.remote() for w in self.workers]), logs):
             if failure:
                 raise start_error(failure, log)
+        plan, self.bucket_bytes = group.call("weight_plan")[0], r.weight_bucket_mb * 2**20
+        self.weight_buckets = len(buckets(plan, self.bucket_bytes))
         if not self.placement.weights_over_ipc:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
             address, port = reservation.address(reservation.rank_options(0))
-            plan, world, bucket_bytes = group.call("weight_plan")[0], 1 + len(self.workers), r.weight_bucket_mb * 2**20
-            ray.get([group.ranks[0].open_weight_channel.remote(address, port, world, bucket_bytes),
-                     *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, bucket_bytes)
+            world = 1 + len(self.workers)
+            ray.get([group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes),
+                     *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes)
                        for i, w in enumerate(self.workers))], timeout=RAY_CALL_TIMEOUT_S)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int) -> list[Rollout]:
@@ -73,12 +76,13 @@ class RolloutPool:
         group = self.group
         if self.placement.weights_over_ipc:
             ray.get(self._releasing, timeout=RAY_CALL_TIMEOUT_S)  # the last refresh's (its errors surface here)
-            # Ranks without an engine worker on their GPU only join the gathers.
-            handles = {}
-            for shared in group.call("share_weights", [r < len(self.workers) for r in range(len(group.ranks))]):
-                handles |= shared
-            ray.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], timeout=RAY_CALL_TIMEOUT_S)
-            # Not waited for: the ranks free their copies while the engines sample the next step, and run it before
+            engine_here = [r < len(self.workers) for r in range(len(group.ranks))]  # the other ranks join the gathers
+            for bucket in range(self.weight_buckets):
+                handles = {}
+                for shared in group.call("share_weights", engine_here, bucket=bucket, bucket_bytes=self.bucket_bytes):
+                    handles |= shared
+                ray.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], timeout=RAY_CALL_TIMEOUT_S)
+            # Not waited for: the ranks free their last copy while the engines sample the next step, and run it before
             # any later call to them (a Ray actor runs one caller's calls in order).
             self._releasing = group.call_async("release_shared_weights")
         else:

@@ -19,7 +19,7 @@ from oxrl_core.algs.registry import BATCH_LOSSES, SL_ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
-from oxrl_core.placement.transport import WeightChannel, WeightSpec, gpu_uuid, share_over_ipc
+from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack, unpacking
@@ -309,18 +309,26 @@ class TrainEngine:
                     weight = param.detach() if lora_layer is None else merged_lora_weight(param, lora_layer)
                 yield _served_name(name), weight
 
-    def share_weights(self, engine_here: bool) -> dict[str, list]:
-        """Colocated: this rank's weights as CUDA IPC handles, keyed by its GPU's UUID, when an engine worker shares
-        its GPU (it copies them device to device); the copies stay alive here until `release_shared_weights`."""
-        if not engine_here:
-            self._join_gathers()
-            return {}
-        self._shared_weights, handles = share_over_ipc(self.weight_plan(), self.refresh_weights(materialize=True))
-        return {gpu_uuid(): handles}
+    def share_weights(self, engine_here: bool, bucket: int, bucket_bytes: int) -> dict[str, tuple]:
+        """Colocated, called for bucket 0, 1, ... of the weight plan cut into `bucket_bytes` in turn: that bucket of this
+        rank's weights as a CUDA IPC handle, keyed by its GPU's UUID, when an engine worker shares its GPU (it copies
+        them device to device); the copy stays alive here until the next bucket or `release_shared_weights`."""
+        plan = buckets(self.weight_plan(), bucket_bytes)
+        if bucket == 0:
+            self._refreshing = self.refresh_weights(materialize=engine_here)
+        self.release_shared_weights()  # the last bucket's: its engine worker has loaded it and let go of it
+        if engine_here:
+            self._shared_weights, handle = share_over_ipc(plan[bucket], self._refreshing)
+        else:  # only join the gathers
+            for _ in plan[bucket]:
+                next(self._refreshing)
+        if bucket == len(plan) - 1:
+            assert next(self._refreshing, None) is None, "more weights than the plan"
+        return {gpu_uuid(): (plan[bucket], handle)} if engine_here else {}
 
     def release_shared_weights(self) -> None:
-        """Free the copies `share_weights` made once the engines have loaded them: kept, they would sit beside
-        the next step's activations (a whole model's worth: 15 GB for a 7B model)."""
+        """Free the copy `share_weights` made once the engines have loaded it: kept, it would sit beside the next
+        step's activations."""
         self._shared_weights = None
         torch.cuda.ipc_collect()  # memory the engines opened through IPC is freed only once they let go of it
 

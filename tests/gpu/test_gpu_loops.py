@@ -47,13 +47,16 @@ def test_sl_zero3_on_one_gpu_trains_with_a_falling_loss(tmp_path, tiny_model_dir
     assert (final / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
-@pytest.mark.parametrize("alg, lora", [("cispo", False), ("cispo", True), ("sgrpo", False), ("sgrpo", True), ("ppo", False)],
-                         ids=["cispo-full", "cispo-lora", "sgrpo-full-kl", "sgrpo-lora", "ppo-value-head"])
-def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path, tiny_model_dir, oxrl, alg, lora):
+@pytest.mark.parametrize("alg, lora, extra", [
+    ("cispo", False, ()), ("cispo", True, ()), ("sgrpo", False, ("train.kl_coeff=0.05",)), ("sgrpo", True, ()),
+    ("ppo", False, ()),
+    # float32 makes the tiny model 1.3 MiB: two buckets of at most 1 MiB, each shared and loaded on its own
+    ("cispo", False, ("model.dtype=float32", "rollout.weight_bucket_mb=1"))],
+    ids=["cispo-full", "cispo-lora", "sgrpo-full-kl", "sgrpo-lora", "ppo-value-head", "cispo-full-two-buckets"])
+def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path, tiny_model_dir, oxrl, alg, lora, extra):
     """Three steps at a large learning rate: after each refresh (CUDA IPC, same GPU) vLLM's logprobs of its own
     samples must equal the trainer's within bf16 noise. LoRA runs failed at the first refresh before the merge was
     made without autograd history."""
-    extra = ("train.kl_coeff=0.05",) if alg == "sgrpo" and not lora else ()
     result = oxrl("train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
                   "run.train_ranks=1", f"run.output_dir={tmp_path}", f"run.name={alg}", "train.steps=3", "train.lr=1e-2",
                   f"lora.enabled={str(lora).lower()}", "train.batch_size=32", "train.micro_batch_size=16", "train.grad_accum=2",

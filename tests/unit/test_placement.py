@@ -100,3 +100,51 @@ def test_packing_refuses_weights_out_of_plan_order():
         packed(plan, iter([("b", torch.zeros(3)), ("a", torch.zeros(2))]), torch.device("cpu"))
     flat = packed(plan, iter([("a", torch.ones(2)), ("b", torch.arange(3.0))]), torch.device("cpu"))
     assert [(n, t.tolist()) for n, t in unpacked(plan, flat)] == [("a", [1.0, 1.0]), ("b", [0.0, 1.0, 2.0])]
+
+
+class _Rank:
+    """The parts of a trainer rank `TrainEngine.share_weights` uses; `gathered` counts the weights whose ZeRO-3 gather
+    is open (at most one; every rank must go through the same gathers)."""
+
+    def __init__(self, weights):
+        self.weights, self.gathered = weights, 0
+
+    def weight_plan(self):
+        return [WeightSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in self.weights]
+
+    def refresh_weights(self, materialize):
+        for name, tensor in self.weights:
+            self.gathered += 1
+            yield name, tensor if materialize else None
+            self.gathered -= 1
+
+    release_shared_weights = lambda self: None
+
+
+def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_every_gather(monkeypatch):
+    """The trainer's side of a refresh over CUDA IPC, with CPU shared memory in place of the GPU's: bucket by bucket
+    the engine worker receives every weight in plan order; a rank without an engine goes through the same gathers;
+    after the last bucket no gather is left open on either."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from oxrl_core.placement import transport
+    from oxrl_core.training import engine
+
+    monkeypatch.setattr(engine, "share_over_ipc", lambda bucket, weights: (
+        flat := packed(bucket, weights, torch.device("cpu")), reduce_tensor(flat)))
+    monkeypatch.setattr(engine, "gpu_uuid", lambda: "GPU-0")
+    monkeypatch.setattr(transport, "gpu_uuid", lambda: "GPU-0")
+    torch.manual_seed(0)
+    weights = [("embed", torch.randn(7, 3)), ("norm", torch.randn(3)), ("head", torch.randn(5, 3).to(torch.bfloat16))]
+    with_engine, without = _Rank(weights), _Rank(weights)
+    plan = buckets(with_engine.weight_plan(), bucket_bytes=16 * 4)
+    assert len(plan) == 3
+    received = []
+    for bucket in range(len(plan)):
+        handles = engine.TrainEngine.share_weights(with_engine, True, bucket, 16 * 4)
+        assert engine.TrainEngine.share_weights(without, False, bucket, 16 * 4) == {}
+        assert with_engine.gathered == without.gathered == (bucket < len(plan) - 1)
+        received.extend((name, t.clone()) for name, t in transport.open_ipc(handles))
+    assert [n for n, _ in received] == [n for n, _ in weights]
+    for (_, sent), (_, got) in zip(weights, received):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
