@@ -62,8 +62,8 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # flash attention's dtypes
         from torch.nn.attention.varlen import varlen_attn
 
-        groups = q.shape[1] // k.shape[1]  # grouped-query attention: each key/value head serves `groups` query heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        # Grouped-query attention as it is: flash attention lets each key/value head serve its group of query heads
+        # (torch 2.11 passes them through; a copy of k and v per query head would be kept for the backward).
         out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
                           window_size=(-1, 0))  # (-1, 0): causal
     else:
