@@ -35,7 +35,8 @@ class ModelSection(Section):
     compile: Literal["auto"] | bool = Field(
         "auto", description="Compile the training model's decoder layers with torch.compile (inductor): faster steps after "
                             "a one-off compile of one layer (and again once the micro-batches' shape first changes); "
-                            "`auto` is on for GPUs, off on CPU.")
+                            "`auto` is on for GPUs except under ZeRO-3 (its hooks cut each layer into pieces and add "
+                            "host time), off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
 
 

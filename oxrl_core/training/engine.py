@@ -54,6 +54,15 @@ def needs_reference_model(config: SLConfig | RLConfig) -> bool:
     return alg == "online-dpo" or (SL_ALGORITHMS[alg].reference and alg != "spin" and config.train.reference == "model")
 
 
+def compiles_layers(config: SLConfig | RLConfig, on_gpu: bool) -> bool:
+    """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There DeepSpeed's hooks on every
+    linear layer cut each compiled layer into pieces, and a micro-batch's host time grows by 40-75% against
+    the uncompiled layers (benchmarks/host_overhead.py), where one GPU's training phase is bound by the host."""
+    if config.model.compile == "auto":
+        return on_gpu and config.deepspeed.zero_stage != 3
+    return config.model.compile
+
+
 def model_dtype(config: SLConfig | RLConfig) -> torch.dtype:
     if config.model.dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
@@ -113,7 +122,7 @@ class TrainEngine:
                                                      target_modules=lora.target_modules,
                                                      task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
         causal_lm = model.get_base_model() if config.lora.enabled else model  # the Hugging Face model, adapters in it
-        if config.model.compile is True or (config.model.compile == "auto" and on_gpu):
+        if compiles_layers(config, on_gpu):
             compile_blocks(causal_lm)
         # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
         # DeepSpeed wraps the model, so that its ZeRO-3 hooks gather the weight around the fused op.

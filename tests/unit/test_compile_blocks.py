@@ -1,9 +1,12 @@
-"""Regional compilation (training/engine.py:compile_blocks): each decoder layer is compiled, and nothing else."""
+"""Regional compilation (training/engine.py:compile_blocks): each decoder layer is compiled, and nothing else; and
+when `model.compile: auto` compiles."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from oxrl_core.training.engine import compile_blocks
+from oxrl_core.config.schema import SLConfig
+from oxrl_core.training.engine import compile_blocks, compiles_layers
 
 
 def test_each_decoder_layer_is_compiled_and_nothing_around_them(tiny_model_dir):
@@ -17,3 +20,15 @@ def test_a_model_naming_no_repeated_block_is_compiled_whole():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     compile_blocks(model)
     assert [name for name, m in model.named_modules() if m._compiled_call_impl is not None] == [""]
+
+
+@pytest.mark.parametrize("compile, zero_stage, on_gpu, expected", [
+    ("auto", 1, True, True), ("auto", 2, True, True),
+    ("auto", 3, True, False),  # DeepSpeed's hooks cut each layer into pieces (benchmarks/host_overhead.py)
+    ("auto", 1, False, False),  # CPU
+    (True, 3, True, True), (True, 1, False, True), (False, 1, True, False),  # said outright: as said
+])
+def test_auto_compiles_the_layers_on_gpus_except_under_zero3_and_an_explicit_setting_wins(compile, zero_stage, on_gpu, expected):
+    config = SLConfig.model_validate({"data": {"train": [{"path": "d.jsonl"}]}, "model": {"compile": compile},
+                                     "deepspeed": {"zero_stage": zero_stage}})
+    assert compiles_layers(config, on_gpu) is expected

@@ -1,0 +1,158 @@
+"""What DeepSpeed adds to each micro-batch on one rank, by ZeRO stage: a benchmark, never a test.
+
+oxrl's training phase on one GPU is bound by the host (the Python and kernel launches per micro-batch), so a trainer
+wrapper's host work per micro-batch is a direct cost. Measured here on the CPU, where nothing hides it: a narrow
+model with Qwen2.5-0.5B's tensors (24 decoder layers, 290 parameters; hidden 32, so the arithmetic is negligible),
+micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
+
+- plain torch (AdamW, foreach) against DeepSpeed with ZeRO 0-3, as oxrl configures it (`deepspeed_config`); and
+  with the decoder layers compiled as oxrl compiles them (`compile_blocks`, inductor), where ZeRO-3's hooks on every
+  linear layer cut each layer's graph into pieces;
+- per accumulating micro-batch (forward + backward + DeepSpeed's step call, no optimizer step): the median host
+  seconds, and the aten ops that do work (views and metadata left out), counted by torch.profiler;
+- with `--profile`: the DeepSpeed functions that take the host's time in those micro-batches (cProfile).
+
+Each variant runs in a process of its own with one torch thread.
+
+    python benchmarks/host_overhead.py --out results/ [--profile]
+"""
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ["plain", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile"]
+GRAD_ACCUM, MICRO_BATCH, TOKENS = 8, 2, 16
+# Ops that only make views or read metadata: no kernel on a GPU.
+NO_WORK = {"aten::view", "aten::reshape", "aten::t", "aten::transpose", "aten::narrow", "aten::view_as", "aten::detach",
+           "aten::_has_compatible_shallow_copy_type", "aten::as_strided", "aten::slice", "aten::select", "aten::expand",
+           "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::alias", "aten::_unsafe_view", "aten::lift_fresh",
+           "aten::empty", "aten::empty_like", "aten::result_type", "aten::is_nonzero", "aten::item",
+           "aten::_local_scalar_dense", "aten::contiguous", "aten::numel", "aten::size", "aten::stride",
+           "aten::is_same_size", "aten::to"}
+
+
+def measure(variant: str, profile: bool) -> dict:
+    """One variant in this process: host milliseconds and working ops per accumulating micro-batch."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + VARIANTS.index(variant)), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0", DS_ACCELERATOR="cpu")
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from oxrl_core.training.engine import compile_blocks
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    stage, compiled = variant.split("+")[0], variant.endswith("+compile")
+    shape = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=24, num_attention_heads=4,
+                        num_key_value_heads=2, tie_word_embeddings=True)
+    ids = torch.randint(0, shape.vocab_size, (MICRO_BATCH, TOKENS))
+    if stage == "plain":
+        model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
+        if compiled:
+            compile_blocks(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+
+        def micro_batch(i: int) -> None:
+            (model(input_ids=ids, labels=ids).loss / GRAD_ACCUM).backward()
+            if i % GRAD_ACCUM == GRAD_ACCUM - 1:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    else:
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # as TrainEngine: not needed
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
+
+        config = {"train_batch_size": MICRO_BATCH * GRAD_ACCUM, "train_micro_batch_size_per_gpu": MICRO_BATCH,
+                  "gradient_accumulation_steps": GRAD_ACCUM, "gradient_clipping": 1.0,
+                  "zero_optimization": {"stage": int(stage[-1])}, "bf16": {"enabled": True},
+                  "steps_per_print": 10**9, "wall_clock_breakdown": False}
+        deepspeed.init_distributed(dist_backend="gloo")
+        keep = HfDeepSpeedConfig(config)  # noqa: F841 (ZeRO-3 builds the model partitioned while it lives)
+        model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
+        if compiled:
+            compile_blocks(model)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
+                                          config=config)
+
+        def micro_batch(i: int) -> None:
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+
+    accumulating = [i for i in range(GRAD_ACCUM, 7 * GRAD_ACCUM) if i % GRAD_ACCUM != GRAD_ACCUM - 1]
+    seconds = []
+    for i in range(7 * GRAD_ACCUM):  # the first GRAD_ACCUM warm up
+        start = time.perf_counter()
+        micro_batch(i)
+        if i in accumulating:
+            seconds.append(time.perf_counter() - start)
+    step = 7 * GRAD_ACCUM
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        micro_batch(step)
+    ops = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in NO_WORK
+                              and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+    import torch._dynamo.utils
+
+    result = {"variant": variant, "parameters": sum(1 for _ in model.parameters()),
+              "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+              "host_ms_per_micro_batch": round(statistics.median(seconds) * 1e3, 2), "working_ops_per_micro_batch": sum(ops.values()),
+              "most_common_ops": ops.most_common(6)}
+    if profile and stage != "plain":
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(step + 1, step + GRAD_ACCUM):  # accumulating micro-batches only
+            micro_batch(i)
+        profiler.disable()
+        stats = pstats.Stats(profiler).stats
+        deepspeed_s = sorted(((v[2], f"{k[0].split('deepspeed/')[-1]}:{k[1]} {k[2]}") for k, v in stats.items()
+                              if "site-packages/deepspeed/" in k[0]), reverse=True)
+        result["deepspeed_own_ms_per_micro_batch"] = round(sum(s for s, _ in deepspeed_s) / (GRAD_ACCUM - 1) * 1e3, 2)
+        result["deepspeed_top"] = [[round(s / (GRAD_ACCUM - 1) * 1e3, 3), where] for s, where in deepspeed_s[:8]]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--profile", action="store_true", help="also where DeepSpeed's own host time goes")
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in a process of its own
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(measure(args.variant, args.profile)))
+        return
+    results = []
+    for variant in VARIANTS:
+        done = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--variant", variant,
+                               *(["--profile"] if args.profile else [])], capture_output=True, text=True, timeout=900)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+        results.append(json.loads(lines[-1]))
+        print(json.dumps({k: v for k, v in results[-1].items() if k not in ("most_common_ops", "deepspeed_top")}))
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_overhead.json").write_text(json.dumps({
+        "torch": torch.__version__, "deepspeed": importlib.import_module("deepspeed").__version__,
+        "cpu": _cpu_model(), "results": results}, indent=2))
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+if __name__ == "__main__":
+    main()
