@@ -5,7 +5,8 @@ wrapper's host work per micro-batch is a direct cost. Measured here on the CPU, 
 model with Qwen2.5-0.5B's tensors (24 decoder layers, 290 parameters; hidden 32, so the arithmetic is negligible),
 micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
 
-- plain torch (AdamW, foreach) against DeepSpeed with ZeRO 0-3, as oxrl configures it (`deepspeed_config`); and
+- plain torch (AdamW, foreach) against DeepSpeed with ZeRO 0-3 configured as `deepspeed_config` does (bf16,
+  gradient clipping, torch AdamW as the client optimizer); and
   with the decoder layers compiled as oxrl compiles them (`compile_blocks`, inductor), where ZeRO-3's hooks on every
   linear layer cut each layer's graph into pieces;
 - per accumulating micro-batch (forward + backward + DeepSpeed's step call, no optimizer step): the median host
