@@ -66,7 +66,7 @@ class DataSection(Section):
 
 class DeepSpeedSection(Section):
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage: 0 plain data parallel, 1 optimizer, 2 + gradients, 3 + parameters sharded.")
-    offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory (ZeRO 1-3).")
+    offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory and update there with DeepSpeed's CPU Adam, whose op compiles on first use (about a minute) (ZeRO 1-3).")
     offload_param: bool = Field(False, description="Keep parameters in CPU memory (ZeRO 3).")
 
 

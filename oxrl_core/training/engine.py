@@ -135,8 +135,7 @@ class TrainEngine:
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=trainable,
-            optimizer=lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay,
-                                                         fused=on_gpu and not config.deepspeed.offload_optimizer),
+            optimizer=lambda params: _adamw(params, train.lr, train.weight_decay, on_gpu, config.deepspeed.offload_optimizer),
             lr_scheduler=lambda opt: _scheduler(opt, train.lr_scheduler, train.warmup_steps, train.steps),
             config=ds_config,
         )
@@ -411,6 +410,17 @@ def merged_lora_weight(weight: torch.Tensor, lora_layer) -> torch.Tensor:
     tensor with autograd history cannot cross processes (CUDA IPC's `reduce_tensor` refuses it)."""
     with torch.no_grad():
         return weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
+
+
+def _adamw(params, lr: float, weight_decay: float, on_gpu: bool, offloaded: bool) -> torch.optim.Optimizer:
+    """AdamW. Under ZeRO-Offload, where the optimizer states and the update live in CPU memory, DeepSpeed's CPU Adam
+    (vectorised; DeepSpeed refuses another optimizer there; its op compiles on first use, about a minute); else
+    torch's, fused on GPUs."""
+    if offloaded:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=on_gpu)
 
 
 def _scheduler(optimizer, name: str, warmup_steps: int, steps: int):

@@ -47,6 +47,17 @@ def test_sl_zero3_on_one_gpu_trains_with_a_falling_loss(tmp_path, tiny_model_dir
     assert (final / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
+def test_sft_zero3_offloaded_to_cpu_memory_on_one_gpu_trains_with_a_falling_loss(tmp_path, tiny_model_dir, oxrl):
+    """ZeRO-Offload on a GPU: bf16 weights gathered to the GPU, optimizer states and DeepSpeed's CPU Adam in CPU memory
+    (what a 7B model on one GPU, or a colocated 32B, needs)."""
+    result = oxrl(*sl("sft", tiny_model_dir, tmp_path, "offload", "deepspeed.zero_stage=3", "deepspeed.offload_optimizer=true",
+                      "deepspeed.offload_param=true", "train.steps=20", "train.lr=3e-3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [h["loss"] for h in history(tmp_path / "offload")]
+    print("sft offloaded loss", losses[0], "->", losses[-1])
+    assert all(math.isfinite(x) for x in losses) and sum(losses[-5:]) < sum(losses[:5])
+
+
 @pytest.mark.parametrize("alg, lora, extra", [
     ("cispo", False, ()), ("cispo", True, ()), ("sgrpo", False, ("train.kl_coeff=0.05",)), ("sgrpo", True, ()),
     ("ppo", False, ()),
