@@ -321,9 +321,10 @@ class TrainEngine:
         """Colocated, called for bucket 0, 1, ... of the weight plan cut into `bucket_bytes` in turn: that bucket of this
         rank's weights as a CUDA IPC handle, keyed by its GPU's UUID, when an engine worker shares its GPU (it copies
         them device to device); the copy stays alive here until the next bucket or `release_shared_weights`."""
-        plan = buckets(self.weight_plan(), bucket_bytes)
-        if bucket == 0:
+        if bucket == 0:  # the refresh's plan and its one pass over the weights, kept for the buckets that follow
+            self._refresh_buckets = buckets(self.weight_plan(), bucket_bytes)
             self._refreshing = self.refresh_weights(materialize=engine_here)
+        plan = self._refresh_buckets
         self.release_shared_weights()  # the last bucket's: its engine worker has loaded it and let go of it
         if engine_here:
             self._shared_weights, handle = share_over_ipc(plan[bucket], self._refreshing)
