@@ -12,6 +12,9 @@ see packing. A packed row's position that ends one sequence "predicts" the next
 sequence's first token; that value is dropped when unpacking, so it gets no gradient.
 """
 
+import importlib
+import inspect
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
@@ -60,12 +63,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     [1, N, Hq, D], causal within each sequence of `cu_seq_lens_q`."""
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # flash attention's dtypes
-        from torch.nn.attention.varlen import varlen_attn
-
-        # Grouped-query attention as it is: flash attention lets each key/value head serve its group of query heads
-        # (torch 2.11 passes them through; a copy of k and v per query head would be kept for the backward).
-        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
-                          window_size=(-1, 0))  # (-1, 0): causal
+        out = flash_varlen_attention(q, k, v, cu_seq_lens_q, max_length_q, scaling)
     else:
         bounds = cu_seq_lens_q.tolist()
         out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
@@ -73,6 +71,22 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             enable_gqa=True).transpose(0, 1) for a, b in zip(bounds, bounds[1:])])
     return out[None], None
 
+
+def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_length: int,
+                           scale: float | None) -> torch.Tensor:
+    """Flash attention over the packed row's sequences, causal: q [N, Hq, D], k and v [N, Hkv, D] -> [N, Hq, D].
+    Grouped-query heads go in as they are, each key/value head serving its group of query heads (a copy of k and v per
+    query head would be kept for the backward)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale, window_size=(-1, 0),  # causal
+                       **GROUPED_QUERY)
+
+
+# torch 2.13 and later take grouped-query heads when asked with enable_gqa (else they refuse them); torch 2.11's
+# varlen_attn has no such argument and passes them through. Read once, not in every layer's call (torch.compile traces it).
+GROUPED_QUERY = ({"enable_gqa": True} if "enable_gqa" in inspect.signature(
+    importlib.import_module("torch.nn.attention.varlen").varlen_attn).parameters else {})
 
 AttentionInterface.register(ATTENTION, varlen_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, flash_attention_mask)  # no mask: the boundaries say it all

@@ -87,3 +87,14 @@ def test_packed_attention_does_not_look_across_sequences(models):
     with torch.no_grad():
         before, after = (packed_model(**pack(ids, attention_mask)).logits[0, 4:] for ids in (input_ids, changed))
     torch.testing.assert_close(after, before)
+
+
+def test_flash_attention_is_given_grouped_query_heads_in_a_form_this_torch_accepts():
+    """Query heads 14, key/value heads 2 (Qwen2.5-0.5B's) reach flash attention's kernel past torch's own checks: torch
+    2.13 refuses them unless asked with enable_gqa. The CPU has no flash kernel, so reaching it ends in aten's
+    NotImplementedError; the GPU lane runs the kernel itself (tests/gpu/test_packed_fused_gpu.py)."""
+    from oxrl_core.training.packing import flash_varlen_attention
+
+    q, kv = torch.randn(10, 14, 64, dtype=torch.bfloat16), torch.randn(10, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="_flash_attention_forward"):
+        flash_varlen_attention(q, kv, kv, torch.tensor([0, 4, 10], dtype=torch.int32), 6, None)
