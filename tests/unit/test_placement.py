@@ -90,6 +90,7 @@ def test_the_broadcast_delivers_every_weight_bucket_by_bucket():
     thread.join(timeout=60)
     assert not errors, errors
     assert [n for n, _ in received] == [n for n, _ in weights]
+    assert events == ["release", "share"] * len(plan)
     for (_, sent), (_, got) in zip(weights, received):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
 
@@ -106,8 +107,8 @@ class _Rank:
     """The parts of a trainer rank `TrainEngine.share_weights` uses; `gathered` counts the weights whose ZeRO-3 gather
     is open (at most one; every rank must go through the same gathers)."""
 
-    def __init__(self, weights):
-        self.weights, self.gathered = weights, 0
+    def __init__(self, weights, events=None):
+        self.weights, self.gathered, self.events = weights, 0, events if events is not None else []
 
     def weight_plan(self):
         return [WeightSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in self.weights]
@@ -118,33 +119,36 @@ class _Rank:
             yield name, tensor if materialize else None
             self.gathered -= 1
 
-    release_shared_weights = lambda self: None
+    def release_shared_weights(self):
+        self.events.append("release")
 
 
 def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_every_gather(monkeypatch):
     """The trainer's side of a refresh over CUDA IPC, with CPU shared memory in place of the GPU's: bucket by bucket
     the engine worker receives every weight in plan order; a rank without an engine goes through the same gathers;
-    after the last bucket no gather is left open on either."""
+    after the last bucket no gather is left open on either; each bucket's copy is let go before the next is made."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     from oxrl_core.placement import transport
     from oxrl_core.training import engine
 
+    events = []
     monkeypatch.setattr(engine, "share_over_ipc", lambda bucket, weights: (
-        flat := packed(bucket, weights, torch.device("cpu")), reduce_tensor(flat)))
+        events.append("share"), flat := packed(bucket, weights, torch.device("cpu")), reduce_tensor(flat))[1:])
     monkeypatch.setattr(engine, "gpu_uuid", lambda: "GPU-0")
     monkeypatch.setattr(transport, "gpu_uuid", lambda: "GPU-0")
     torch.manual_seed(0)
     weights = [("embed", torch.randn(7, 3)), ("norm", torch.randn(3)), ("head", torch.randn(5, 3).to(torch.bfloat16))]
-    with_engine, without = _Rank(weights), _Rank(weights)
-    plan = buckets(with_engine.weight_plan(), bucket_bytes=16 * 4)
-    assert len(plan) == 3
+    with_engine, without = _Rank(weights, events), _Rank(weights)
+    plan = buckets(with_engine.weight_plan(), bucket_bytes=96)
+    assert [len(b) for b in plan] == [2, 1]  # embed and norm, 84 + 12 bytes; head
     received = []
     for bucket in range(len(plan)):
-        handles = engine.TrainEngine.share_weights(with_engine, True, bucket, 16 * 4)
-        assert engine.TrainEngine.share_weights(without, False, bucket, 16 * 4) == {}
+        handles = engine.TrainEngine.share_weights(with_engine, True, bucket, 96)
+        assert engine.TrainEngine.share_weights(without, False, bucket, 96) == {}
         assert with_engine.gathered == without.gathered == (bucket < len(plan) - 1)
         received.extend((name, t.clone()) for name, t in transport.open_ipc(handles))
     assert [n for n, _ in received] == [n for n, _ in weights]
+    assert events == ["release", "share"] * len(plan)
     for (_, sent), (_, got) in zip(weights, received):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
