@@ -15,7 +15,8 @@ Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one C
 the faster is the reference. After the loop, standalone vLLM with one thread once more (has the host slowed?), and
 for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
-    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b] [--gpus N] [KEY=VALUE ...]   # overrides as for `oxrl train rl`
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b] [--gpus N] [--tensor-parallel K] [KEY=VALUE ...]
+    # overrides as for `oxrl train rl`
 """
 
 import argparse
@@ -180,9 +181,11 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int, shape: str, gpus: int = 1) -> tuple[Path, Path, Path]:
+def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1) -> tuple[Path, Path, Path]:
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
-    trainer rank and an engine (colocated)."""
+    trainer rank and a worker of an engine of `tensor_parallel` GPUs (colocated). ZeRO-1 (one GPU's training phase is
+    bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
+    and their gradients do not fit one GPU whole."""
     model = build_model(out / f"qwen2.5-{shape}-shape", QWEN25_SHAPES[shape])
     prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus)
     config_path = out / "rl_step.yaml"
@@ -192,9 +195,9 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1) -> tuple[Path, Pat
         "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant",
                   "batch_size": PROMPTS * SAMPLES * gpus, "micro_batch_size": 16, "grad_accum": PROMPTS * SAMPLES // 16},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS, "max_prompt_len": PROMPT_TOKENS,
-                    "gpu_memory_utilization": 0.4, "engines": gpus},
+                    "gpu_memory_utilization": 0.4, "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
         "reward": {"func": "math"},
-        "deepspeed": {"zero_stage": 1},
+        "deepspeed": {"zero_stage": 3 if shape == "32b" else 1},
         "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus},
     }))
     return model, prompts, config_path
@@ -205,26 +208,35 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=4, help="RL steps; the median of all but the first is reported")
     parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank and an engine, each with PROMPTS "
-                        "prompts of the step; MFU counts the peak of all of them")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank and an engine's worker, each with "
+                        "PROMPTS prompts of the step; MFU counts the peak of all of them")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
+                        "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus)
+    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
+    rollout = config.rollout
+    if not (config.run.train_ranks == args.gpus == rollout.engines * rollout.tensor_parallel_size):
+        # the figures per GPU and against the standalone engine count one rank and one engine worker per GPU
+        raise SystemExit(f"run.train_ranks={config.run.train_ranks}, rollout.engines={rollout.engines} x "
+                         f"rollout.tensor_parallel_size={rollout.tensor_parallel_size}: each must cover --gpus={args.gpus}; "
+                         f"set them with --gpus and --tensor-parallel")
 
     def standalone_in_own_process(threads: int | None) -> dict:
         # run in this process after the loop, it once came out 1.6x slower than the loop's engine
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(standalone_generate, model, prompts, config, threads).result()
 
-    standalone = [standalone_in_own_process(threads) for threads in (None, 1)]
-    fastest = max(standalone, key=lambda x: x["tokens_per_s"])
+    reference = rollout.tensor_parallel_size == 1
+    standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
+    fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
         summary = train_rl(config, model_path, resume=False, console=Console())
     # The reference again, after the loop: does the host itself generate slower than before the run?
-    standalone_after = standalone_in_own_process(1)
+    standalone_after = standalone_in_own_process(1) if reference else {"tokens_per_s": None}
     history = summary["history"]
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     measured = history[1:] or history  # the first step compiles and allocates
@@ -259,17 +271,18 @@ def main() -> None:
         "training_phase_mfu": (2 * n_params + train_flops) * tokens / phase_s / peak,
         "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / peak,
         "refresh_share": step["time_refresh_s"] / step_s,
-        # the standalone engine has one GPU's share of the prompts
-        "rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
-        "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"],
     }
+    if reference:  # the standalone engine has one GPU's share of the prompts
+        result |= {"rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
+                   "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"]}
     (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
     console = Console()
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
     for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
                 "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
-        value = result.get(key, float("nan"))
+        value = result.get(key)
+        value = float("nan") if value is None else value
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
 
 
