@@ -137,7 +137,7 @@ class RolloutSection(Section):
     max_tokens: PositiveInt = Field(256, description="New tokens per completion.")
     max_prompt_len: PositiveInt = Field(512, description="Prompts longer than this are skipped and counted.")
     engines: PositiveInt = Field(1, description="vLLM engines (Ray actors).")
-    tensor_parallel_size: PositiveInt = Field(1, description="GPUs per vLLM engine.")
+    tensor_parallel_size: PositiveInt = Field(1, description="GPUs per vLLM engine (on CPU: worker processes, for one engine).")
     placement: Literal["auto", "colocated", "split"] = Field("auto", description="colocated: each GPU holds a trainer rank and an engine worker (weights by CUDA IPC); split: engines on GPUs of their own (weights broadcast from trainer rank 0); auto: colocated when the ranks and engines do not fit side by side.")
     weight_bucket_mb: PositiveInt = Field(1024, description="A refresh moves the weights to the engines in buckets of at most this many MiB (broadcast from trainer rank 0, or colocated on GPUs over CUDA IPC); the extra memory on either side is one bucket.")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (weights, activations, KV cache). On CPU unused: the KV cache is sized for a step's samples per engine.")

