@@ -84,6 +84,28 @@ def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path
     assert (tmp_path / alg / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_tensor_parallel_engine_over_two_gpus_takes_each_refresh_from_the_rank_on_its_gpu(tmp_path, tiny_model_dir, oxrl):
+    """Issue 19's large-model layout on two GPUs: two ZeRO-3 trainer ranks and one vLLM engine of tensor parallelism
+    2, a worker on each rank's GPU; every refresh hands each worker the CUDA IPC handles of the rank on its own GPU.
+    Three steps at a large learning rate: steps 2 and 3 sample from both workers' refreshed shards. The workers'
+    shared memory (vLLM's message queue) is gone after the run."""
+    shared_memory = set(os.listdir("/dev/shm"))
+    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  "run.train_ranks=2", "rollout.tensor_parallel_size=2", "rollout.placement=colocated", f"run.output_dir={tmp_path}",
+                  "run.name=tp", "train.steps=3", "train.lr=1e-2", "train.batch_size=32", "train.micro_batch_size=8",
+                  "train.grad_accum=2", "data.val=null", "reward.func=rl_test_rewards:digit_share", env=TEST_REWARD)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = history(tmp_path / "tp")
+    gaps = [h["logprob_gap_abs"] for h in steps]
+    print("tensor parallel 2: sampler-trainer logprob gap per step", gaps)
+    assert [h["policy_version"] for h in steps] == [1, 2, 3] and all(gap < BF16_LOGPROB_GAP for gap in gaps[1:])
+    placement = json.loads((tmp_path / "tp" / "placement.json").read_text())
+    assert placement["mode"] == "colocated" and [len(workers) for workers in placement["engines"]] == [2]
+    assert {w["gpus"][0] for w in placement["engines"][0]} == {r["gpus"][0] for r in placement["ranks"]}  # one each
+    assert set(os.listdir("/dev/shm")) <= shared_memory
+
+
 def test_online_dpo_samples_with_vllm_in_the_sl_loop_on_one_gpu(tmp_path, tiny_model_dir, oxrl):
     result = oxrl(*sl("online-dpo", tiny_model_dir, tmp_path, "odpo", "train.steps=3", "data.val=null",
                       "reward.func=rl_test_rewards:digit_share"), env=TEST_REWARD)
