@@ -5,13 +5,18 @@ wrapper's host work per micro-batch is a direct cost. Measured here on the CPU, 
 model with Qwen2.5-0.5B's tensors (24 decoder layers, 290 parameters; hidden 32, so the arithmetic is negligible),
 micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
 
-- plain torch (AdamW, foreach) against DeepSpeed with ZeRO 0-3 configured as `deepspeed_config` does (bf16,
-  gradient clipping, torch AdamW as the client optimizer); and
+- plain torch (AdamW, foreach, on the bf16 weights), plain torch as a fair bf16 trainer does it (`master`: float32
+  master weights, the gradients cast to them, clipped, AdamW, the bf16 weights copied back) against DeepSpeed with
+  ZeRO 0-3 configured as `deepspeed_config` does (bf16, gradient clipping, torch AdamW as the client optimizer); and
   with the decoder layers compiled as oxrl compiles them (`compile_blocks`, inductor), where ZeRO-3's hooks on every
   linear layer cut each layer's graph into pieces;
 - per accumulating micro-batch (forward + backward + DeepSpeed's step call, no optimizer step): the median host
-  seconds, and the aten ops that do work (views and metadata left out), counted by torch.profiler;
-- with `--profile`: the DeepSpeed functions that take the host's time in those micro-batches (cProfile).
+  seconds, and the aten ops that do work (views and metadata left out; the work inside them, a cast inside `to`,
+  counted), counted by torch.profiler;
+- per optimizer step: the host seconds and working ops that the last micro-batch of an accumulation adds to one
+  before it (the update, clipping, the gradients' bookkeeping), the seconds a median over 6 steps;
+- with `--profile`: the DeepSpeed functions that take the host's time in those micro-batches and in the last one
+  of an accumulation, which steps the optimizer (cProfile).
 
 Each variant runs in a process of its own with one torch thread.
 
@@ -29,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ["plain", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile"]
+VARIANTS = ["plain", "master", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile"]
 GRAD_ACCUM, MICRO_BATCH, TOKENS = 8, 2, 16
 # Ops that only make views or read metadata: no kernel on a GPU.
 NO_WORK = {"aten::view", "aten::reshape", "aten::t", "aten::transpose", "aten::narrow", "aten::view_as", "aten::detach",
@@ -40,8 +45,18 @@ NO_WORK = {"aten::view", "aten::reshape", "aten::t", "aten::transpose", "aten::n
            "aten::is_same_size", "aten::to"}
 
 
+def working(event) -> bool:
+    return event.name.startswith("aten::") and event.name not in NO_WORK
+
+
+def ancestors(event):
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+        yield event
+
+
 def measure(variant: str, profile: bool) -> dict:
-    """One variant in this process: host milliseconds and working ops per accumulating micro-batch."""
+    """One variant in this process: host milliseconds and working ops per accumulating micro-batch and per step."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + VARIANTS.index(variant)), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0", DS_ACCELERATOR="cpu")
     import torch
@@ -66,6 +81,23 @@ def measure(variant: str, profile: bool) -> dict:
             if i % GRAD_ACCUM == GRAD_ACCUM - 1:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+    elif stage == "master":
+        model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
+        weights = list(model.parameters())
+        masters = [w.detach().float() for w in weights]
+        optimizer = torch.optim.AdamW(masters, lr=1e-5, foreach=True)
+
+        def micro_batch(i: int) -> None:
+            (model(input_ids=ids, labels=ids).loss / GRAD_ACCUM).backward()
+            if i % GRAD_ACCUM == GRAD_ACCUM - 1:
+                for master, weight in zip(masters, weights):
+                    master.grad = weight.grad.float()
+                torch.nn.utils.clip_grad_norm_(masters, 1.0, foreach=True)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    torch._foreach_copy_(weights, masters)
     else:
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # as TrainEngine: not needed
         import deepspeed
@@ -87,38 +119,56 @@ def measure(variant: str, profile: bool) -> dict:
             engine.backward(engine(input_ids=ids, labels=ids).loss)
             engine.step()
 
-    accumulating = [i for i in range(GRAD_ACCUM, 7 * GRAD_ACCUM) if i % GRAD_ACCUM != GRAD_ACCUM - 1]
-    seconds = []
+    seconds, step_seconds = [], []  # accumulating micro-batches; the last of each accumulation
     for i in range(7 * GRAD_ACCUM):  # the first GRAD_ACCUM warm up
         start = time.perf_counter()
         micro_batch(i)
-        if i in accumulating:
-            seconds.append(time.perf_counter() - start)
+        if i >= GRAD_ACCUM:
+            (step_seconds if i % GRAD_ACCUM == GRAD_ACCUM - 1 else seconds).append(time.perf_counter() - start)
+
+    def working_ops(i: int) -> collections.Counter:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            micro_batch(i)
+        return collections.Counter(e.name for e in prof.events() if working(e) and not any(map(working, ancestors(e))))
+
     step = 7 * GRAD_ACCUM
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        micro_batch(step)
-    ops = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in NO_WORK
-                              and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+    ops = working_ops(step)
+    micro_batch(step + 1)
+    before_last = working_ops(step + 2)  # one that adds its gradients to the accumulated ones, as the last one does
+    for i in range(step + 3, step + GRAD_ACCUM - 1):
+        micro_batch(i)
+    step_ops = working_ops(step + GRAD_ACCUM - 1)
+    step_ops.subtract(before_last)
+    step_ops = +step_ops  # the ops the optimizer step adds
+    step += GRAD_ACCUM
     import torch._dynamo.utils
 
     result = {"variant": variant, "parameters": sum(1 for _ in model.parameters()),
               "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
               "host_ms_per_micro_batch": round(statistics.median(seconds) * 1e3, 2), "working_ops_per_micro_batch": sum(ops.values()),
-              "most_common_ops": ops.most_common(6)}
-    if profile and stage != "plain":
+              "most_common_ops": ops.most_common(6),
+              "host_ms_per_optimizer_step": round((statistics.median(step_seconds) - statistics.median(seconds)) * 1e3, 2),
+              "working_ops_per_optimizer_step": sum(step_ops.values()), "most_common_step_ops": step_ops.most_common(8)}
+    if profile and stage not in ("plain", "master"):
         import cProfile
         import pstats
 
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for i in range(step + 1, step + GRAD_ACCUM):  # accumulating micro-batches only
-            micro_batch(i)
-        profiler.disable()
-        stats = pstats.Stats(profiler).stats
-        deepspeed_s = sorted(((v[2], f"{k[0].split('deepspeed/')[-1]}:{k[1]} {k[2]}") for k, v in stats.items()
-                              if "site-packages/deepspeed/" in k[0]), reverse=True)
-        result["deepspeed_own_ms_per_micro_batch"] = round(sum(s for s, _ in deepspeed_s) / (GRAD_ACCUM - 1) * 1e3, 2)
-        result["deepspeed_top"] = [[round(s / (GRAD_ACCUM - 1) * 1e3, 3), where] for s, where in deepspeed_s[:8]]
+        def deepspeed_own(micro_batches: range) -> tuple[float, list]:
+            """DeepSpeed's own host milliseconds per micro-batch over these, and its eight costliest functions."""
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for i in micro_batches:
+                micro_batch(i)
+            profiler.disable()
+            own = sorted(((v[2], f"{k[0].split('deepspeed/')[-1]}:{k[1]} {k[2]}") for k, v in pstats.Stats(profiler).stats.items()
+                          if "site-packages/deepspeed/" in k[0]), reverse=True)
+            per = 1e3 / len(micro_batches)
+            return round(sum(s for s, _ in own) * per, 2), [[round(s * per, 3), where] for s, where in own[:8]]
+
+        result["deepspeed_own_ms_per_micro_batch"], result["deepspeed_top"] = deepspeed_own(range(step, step + GRAD_ACCUM - 1))
+        # the last micro-batch of an accumulation, which steps the optimizer
+        result["deepspeed_own_ms_last_micro_batch"], result["deepspeed_top_last"] = deepspeed_own(
+            range(step + GRAD_ACCUM - 1, step + GRAD_ACCUM))
     return result
 
 
@@ -139,7 +189,7 @@ def main() -> None:
         if done.returncode or not lines:
             raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
         results.append(json.loads(lines[-1]))
-        print(json.dumps({k: v for k, v in results[-1].items() if k not in ("most_common_ops", "deepspeed_top")}))
+        print(json.dumps({k: v for k, v in results[-1].items() if not k.startswith(("most_common", "deepspeed_top"))}))
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
