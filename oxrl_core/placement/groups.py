@@ -31,6 +31,21 @@ class Reservation:
             raise OxrlError(f"placement ({placement.describe()}) needs {placement.bundles} bundle(s) of {bundle}, "
                             f"an engine's on one node; Ray could not place them in {PLACEMENT_TIMEOUT_S} s. "
                             f"The cluster has {ray.cluster_resources()}, free {ray.available_resources()}")
+        if placement.mode == "colocated" and placement.tensor_parallel_size > 1:
+            self._check_engines_on_one_node()
+
+    def _check_engines_on_one_node(self) -> None:
+        """Colocated, an engine's tensor-parallel workers sit on consecutive trainer bundles, which PACK may have put
+        on two nodes (nodes whose GPU count tensor_parallel_size does not divide): refused, not run across nodes."""
+        p, nodes = self.placement, ray.util.placement_group_table(self._trainer)["bundles_to_node_id"]
+        tp = p.tensor_parallel_size
+        for engine in range(p.engines):
+            if len({nodes[engine * tp + shard] for shard in range(tp)}) > 1:
+                self.release()
+                raise OxrlError(
+                    f"placement ({p.describe()}): engine {engine}'s {tp} tensor-parallel workers would sit on the GPUs of "
+                    f"trainer ranks {engine * tp}-{engine * tp + tp - 1}, which Ray placed on more than one node; use a "
+                    f"rollout.tensor_parallel_size that divides each node's GPUs, or rollout.placement=split")
 
     def rank_options(self, rank: int) -> dict:
         return self._options(self._trainer, rank)

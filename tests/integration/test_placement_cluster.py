@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from oxrl_core.errors import OxrlError
 from oxrl_core.placement import Placement
 from oxrl_core.placement.groups import Reservation
 
@@ -85,6 +86,29 @@ def test_eight_colocated_ranks_on_two_nodes_get_a_gpu_each_and_each_tensor_paral
 def test_split_six_ranks_and_two_engines_on_two_nodes_use_each_of_the_eight_gpus_once(two_nodes_of_four_declared_gpus):
     ranks, workers = gpus_of(Reservation(Placement("split", True, 6, 2, 1)), 6, [1, 1])
     assert len({g[0] for g in ranks} | {w[0][0] for w in workers}) == 8
+
+
+@pytest.fixture
+def two_nodes_of_three_declared_gpus():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 6, "num_gpus": 3, "object_store_memory": 100 * 2**20})
+    cluster.add_node(num_cpus=6, num_gpus=3, object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.own_ray_cluster
+def test_a_colocated_tensor_parallel_engine_that_would_span_two_nodes_is_refused_by_name(two_nodes_of_three_declared_gpus):
+    """6 ranks on two 3-GPU nodes, engines of tensor parallelism 2: engine 1's workers would sit on ranks 2 and 3, one
+    on each node. Refused before any actor starts, with the way out; the reservation is given back."""
+    with pytest.raises(OxrlError, match=r"engine 1's 2 tensor-parallel workers would sit on the GPUs of trainer ranks 2-3"):
+        Reservation(Placement("colocated", True, 6, 3, 2))
+    assert ray.util.placement_group_table() == {} or all(
+        g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
 
 
 @pytest.fixture
