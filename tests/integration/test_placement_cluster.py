@@ -58,18 +58,23 @@ def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
     assert ranks[0] != workers[0][0]
 
 
-@pytest.fixture
-def two_nodes_of_four_declared_gpus():
-    """Eight GPUs on two Ray nodes of this machine, declared to Ray's scheduler only: two 4-GPU hosts of a cluster."""
+def two_nodes_of_declared_gpus(gpus: int):
+    """Two Ray nodes of this machine with `gpus` GPUs each, declared to Ray's scheduler only: two hosts of a cluster."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 4, "object_store_memory": 100 * 2**20})
-    cluster.add_node(num_cpus=8, num_gpus=4, object_store_memory=100 * 2**20)
+    node = {"num_cpus": 2 * gpus, "num_gpus": gpus, "object_store_memory": 100 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args=node)
+    cluster.add_node(**node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     yield
     ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture
+def two_nodes_of_four_declared_gpus():
+    yield from two_nodes_of_declared_gpus(4)
 
 
 @pytest.mark.own_ray_cluster
@@ -90,15 +95,7 @@ def test_split_six_ranks_and_two_engines_on_two_nodes_use_each_of_the_eight_gpus
 
 @pytest.fixture
 def two_nodes_of_three_declared_gpus():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 6, "num_gpus": 3, "object_store_memory": 100 * 2**20})
-    cluster.add_node(num_cpus=6, num_gpus=3, object_store_memory=100 * 2**20)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield
-    ray.shutdown()
-    cluster.shutdown()
+    yield from two_nodes_of_declared_gpus(3)
 
 
 @pytest.mark.own_ray_cluster
