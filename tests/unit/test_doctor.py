@@ -217,7 +217,7 @@ def test_vllm_pinning_another_torch_fails_with_the_pip_command(monkeypatch):
     checks = package_checks(has_gpu=True)
     torch = only(checks, "torch")
     assert torch.status == "fail" and "2.13.0, but vllm 0.26.0 needs ==2.11.0" in torch.finding
-    assert torch.fix == "pip install 'torch==2.11.0,>=2.9'"
+    assert torch.fix == "pip install 'torch==2.11.0,>=2.11'"
     assert only(checks, "vllm").status == "ok"
 
 
