@@ -7,7 +7,8 @@ AdamW on the bf16 weights, no DeepSpeed), logprobs through oxrl's fused head, ea
 `compile_blocks` does, once with inductor's default mode (oxrl's today) and once with mode="reduce-overhead" (each
 layer's forward and backward recorded as CUDA graphs and replayed: one launch instead of hundreds). Each mode runs
 in a fresh process. Reported per mode: seconds per micro-batch (forward + backward), MFU (6 N per token, parameters
-only, as RESULTS.md counts), seconds per optimizer step of ACCUM micro-batches, peak memory. Variants also put
+only, as RESULTS.md counts), seconds per optimizer step of ACCUM micro-batches, what the optimizer step adds to
+the last micro-batch (CUDA events), peak memory. Variants also put
 DeepSpeed (ZeRO-1, as rl_step.py runs oxrl) in place of plain AdamW, or compile the whole decoder stack as one graph
 (cudagraph trees cannot replay one compiled layer 24 times within a forward that keeps activations for backward).
 
@@ -52,7 +53,9 @@ def train(model_path: str, variant: str) -> dict:
     torch.cuda.make_graphed_callables: fixed shapes), packed (the micro-batch's sequences in one row of PACKED_TOKENS
     tokens, attention within each, the padding at the end a sequence of its own: fixed shapes too, as token-count
     buckets would make them) or packed-graphed. Mode: default, reduce-overhead or none. Optimizer: torch (fused
-    AdamW) or deepspeed (ZeRO-1, bf16 with float32 master weights, as rl_step.py configures oxrl)."""
+    AdamW on the bf16 weights), master (plain torch with float32 master weights: what a bf16 run needs),
+    deepspeed (ZeRO-1, bf16 with float32 master weights, as rl_step.py configures oxrl), deepspeed-nocheck
+    (the same without its overflow check) or deepspeed-fp32acc (the gradients accumulated in float32)."""
     from transformers import AutoModelForCausalLM
 
     from oxrl_core.training.fused_head import fused_token_logprobs
@@ -92,17 +95,37 @@ def train(model_path: str, variant: str) -> dict:
                 hidden = call(hidden, cos, sin, *extra)
             return SimpleNamespace(last_hidden_state=norm(hidden))
 
-    if optimizer_kind == "deepspeed":
+    deepspeed_engine = optimizer_kind.startswith("deepspeed")
+    if deepspeed_engine:
         import deepspeed
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": ACCUM,
+                  "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                  "steps_per_print": 10**9}
+        if optimizer_kind == "deepspeed-nocheck":  # bf16 needs no loss scale; DeepSpeed checks for overflow anyway
+            config["bf16"]["check_grad_overflow"] = False
+        elif optimizer_kind == "deepspeed-fp32acc":  # micro-batch gradients summed in float32
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=list(model.parameters()),
-            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True),
-            config={"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": ACCUM,
-                    "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
-                    "steps_per_print": 10**9})
+            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True), config=config)
         backward, step = engine.backward, engine.step  # DeepSpeed scales by ACCUM and steps at the boundary
+    elif optimizer_kind == "master":  # what DeepSpeed's bf16 does, in plain torch: float32 master weights
+        params = list(model.parameters())
+        masters = [p.detach().float() for p in params]
+        optimizer = torch.optim.AdamW(masters, lr=1e-6, fused=True)
+        backward = lambda loss: (loss / ACCUM).backward()
+
+        def step():  # the bf16 gradients cast to the masters, clipped (no read on the host), AdamW, copied back
+            for master, param in zip(masters, params):
+                master.grad = param.grad.float()
+            torch.nn.utils.clip_grad_norm_(masters, 1.0, foreach=True)
+            optimizer.step()
+            torch._foreach_copy_([param.data for param in params], masters)
+            torch._foreach_zero_([param.grad for param in params])
+            for master in masters:
+                master.grad = None
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
         backward = lambda loss: (loss / ACCUM).backward()
@@ -113,26 +136,30 @@ def train(model_path: str, variant: str) -> dict:
     batches = [torch.randint(0, 151_000, shape, device="cuda") for _ in range(ACCUM)]
     advantages = torch.randn(shape[0], shape[1] - 1, device="cuda")
 
-    step_s, micro_s = [], []
+    # Timed on the GPU's own timeline (CUDA events, no host sync between micro-batches): each accumulating
+    # micro-batch, and the last one with the optimizer step (DeepSpeed steps inside its last `step()` call).
+    step_s, micro_s, boundary_s = [], [], []
     for n in range(STEPS):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(ACCUM + 1)]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for ids in batches:
+        marks[0].record()
+        for i, ids in enumerate(batches):
             hidden = decoder(input_ids=ids).last_hidden_state
             logprobs, _ = fused_token_logprobs(hidden, model.lm_head.weight, ids)
             backward(-(logprobs * advantages).mean())
-            if optimizer_kind == "deepspeed":
+            if deepspeed_engine or i == ACCUM - 1:
                 step()
-        torch.cuda.synchronize()
-        backward_done = time.perf_counter()
-        if optimizer_kind != "deepspeed":
-            step()
+            marks[i + 1].record()
         torch.cuda.synchronize()
         if n:  # the first compiles and records
             step_s.append(time.perf_counter() - start)
-            micro_s.append((backward_done - start) / ACCUM)
+            intervals = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+            micro_s.append(statistics.median(intervals[:-1]))
+            boundary_s.append(intervals[-1])
     seconds = statistics.median(micro_s)
     return {"variant": variant, "params": params, "micro_batch_s": seconds, "step_s": statistics.median(step_s),
+            "optimizer_step_s": statistics.median(boundary_s) - seconds,  # the last micro-batch's excess
             "mfu": 6 * params * MICRO_BATCH * LENGTH / seconds / PEAK_FLOPS,
             "step_mfu": 6 * params * MICRO_BATCH * LENGTH * ACCUM / statistics.median(step_s) / PEAK_FLOPS,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
@@ -147,7 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("variants", nargs="*", default=["layers/default/torch", "layers/reduce-overhead/torch"],
-                        help="<layers|stack|graphed|packed|packed-graphed>/<default|reduce-overhead|none>/<torch|deepspeed>")
+                        help="<layers|stack|graphed|packed|packed-graphed>/<default|reduce-overhead|none>/"
+                             "<torch|master|deepspeed|deepspeed-nocheck|deepspeed-fp32acc>")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])

@@ -12,10 +12,10 @@ see packing. A packed row's position that ends one sequence "predicts" the next
 sequence's first token; that value is dropped when unpacking, so it gets no gradient.
 """
 
-import importlib
 import inspect
 
 import torch
+from torch.nn.attention.varlen import varlen_attn
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
@@ -77,16 +77,13 @@ def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     """Flash attention over the packed row's sequences, causal: q [N, Hq, D], k and v [N, Hkv, D] -> [N, Hq, D].
     Grouped-query heads go in as they are, each key/value head serving its group of query heads (a copy of k and v per
     query head would be kept for the backward)."""
-    from torch.nn.attention.varlen import varlen_attn
-
     return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale, window_size=(-1, 0),  # causal
                        **GROUPED_QUERY)
 
 
 # torch 2.13 and later take grouped-query heads when asked with enable_gqa (else they refuse them); torch 2.11's
 # varlen_attn has no such argument and passes them through. Read once, not in every layer's call (torch.compile traces it).
-GROUPED_QUERY = ({"enable_gqa": True} if "enable_gqa" in inspect.signature(
-    importlib.import_module("torch.nn.attention.varlen").varlen_attn).parameters else {})
+GROUPED_QUERY = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
 
 AttentionInterface.register(ATTENTION, varlen_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, flash_attention_mask)  # no mask: the boundaries say it all
