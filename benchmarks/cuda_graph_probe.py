@@ -112,18 +112,18 @@ def train(model_path: str, variant: str) -> dict:
             optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True), config=config)
         backward, step = engine.backward, engine.step  # DeepSpeed scales by ACCUM and steps at the boundary
     elif optimizer_kind == "master":  # what DeepSpeed's bf16 does, in plain torch: float32 master weights
-        params = list(model.parameters())
-        masters = [p.detach().float() for p in params]
+        weights = list(model.parameters())
+        masters = [w.detach().float() for w in weights]
         optimizer = torch.optim.AdamW(masters, lr=1e-6, fused=True)
         backward = lambda loss: (loss / ACCUM).backward()
 
         def step():  # the bf16 gradients cast to the masters, clipped (no read on the host), AdamW, copied back
-            for master, param in zip(masters, params):
-                master.grad = param.grad.float()
+            for master, weight in zip(masters, weights):
+                master.grad = weight.grad.float()
             torch.nn.utils.clip_grad_norm_(masters, 1.0, foreach=True)
             optimizer.step()
-            torch._foreach_copy_([param.data for param in params], masters)
-            torch._foreach_zero_([param.grad for param in params])
+            torch._foreach_copy_([weight.data for weight in weights], masters)
+            torch._foreach_zero_([weight.grad for weight in weights])
             for master in masters:
                 master.grad = None
     else:
