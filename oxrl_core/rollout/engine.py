@@ -123,7 +123,11 @@ class RolloutEngine:
         if tensor_parallel:
             rank, size, address, port = tensor_parallel
             os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=address, MASTER_PORT=str(port))
-            parallel = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+            # Each worker sees only its own GPU (Ray gives every actor its own CUDA_VISIBLE_DEVICES), where vLLM's custom
+            # all-reduce and its symmetric-memory one look up the other workers' GPUs: NCCL does the all-reduce instead.
+            os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
+            parallel = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher",
+                        "disable_custom_all_reduce": True}
         if log_path is not None:
             from oxrl_core.training.engine import redirect_output
 
