@@ -103,7 +103,9 @@ def test_a_tensor_parallel_engine_over_two_gpus_takes_each_refresh_from_the_rank
     placement = json.loads((tmp_path / "tp" / "placement.json").read_text())
     assert placement["mode"] == "colocated" and [len(workers) for workers in placement["engines"]] == [2]
     assert {w["gpus"][0] for w in placement["engines"][0]} == {r["gpus"][0] for r in placement["ranks"]}  # one each
-    assert set(os.listdir("/dev/shm")) <= shared_memory
+    # vLLM's segments are gone. The CUDA driver's own per-process files (cuda.shm.<uid>.<pid>.<n>), which a process
+    # that Ray kills leaves behind, are not vLLM's: two remained after this run on 2 H200s (tests/gpu/RESULTS.md).
+    assert {name for name in os.listdir("/dev/shm") if not name.startswith("cuda.shm.")} <= shared_memory
 
 
 def test_online_dpo_samples_with_vllm_in_the_sl_loop_on_one_gpu(tmp_path, tiny_model_dir, oxrl):
