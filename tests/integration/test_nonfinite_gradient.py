@@ -3,6 +3,7 @@ DeepSpeed's overflow check (training/engine.py), so the norm it reports must sti
 stop on; the SL engine keeps the check, so DeepSpeed skips that step and the weights stay as they were."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -42,7 +43,7 @@ print(json.dumps({"grad_norm": float(engine.get_global_grad_norm()),
 
 def _nan_step(kind: str) -> dict:
     result = subprocess.run([sys.executable, "-c", STEP, kind], capture_output=True, text=True, timeout=300,
-                            env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+                            env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
