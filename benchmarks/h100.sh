@@ -4,6 +4,7 @@
 # Stages, each within one 10-minute device call:
 #   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
+#   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
@@ -27,6 +28,14 @@ if [ "$stage" = bench ]; then
   echo "rc=$?"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
   cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
   cp "$WORK"/runs/*/logs/engine0.log "$OUT/engine0.log" 2>/dev/null
+  exit 0
+fi
+
+if [ "$stage" = sl ]; then
+  echo "== benchmark: SFT steps ($*)"
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/sl_step.py --out "$WORK" "$@" > "$OUT/sl.log" 2>&1
+  echo "rc=$?"; tail -n 6 "$OUT/sl.log"; cp "$WORK/sl_step.json" "$OUT/" 2>/dev/null
+  cp "$WORK"/runs/sl-step-*/logs/rank0.log "$OUT/sl_rank0.log" 2>/dev/null
   exit 0
 fi
 
@@ -74,7 +83,7 @@ if [ "$stage" = refresh ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | phase | profile | refresh | cuda-graphs | cli | vs-trl [...]" >&2; exit 2; }
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | sl [...] | phase | profile | refresh | cuda-graphs | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1

@@ -61,12 +61,12 @@ def build_model(folder: Path, shape: dict) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / "oxrl-tiny"))
     torch.manual_seed(0)
     config = Qwen2Config(**shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    with torch.device("cuda"):  # a 7B model's random init takes minutes on the CPU
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 7B model's random init takes minutes on a CPU
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # nothing where CUDA never started
     return folder
 
 

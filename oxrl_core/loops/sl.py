@@ -256,6 +256,8 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                         "tokens_per_s": sum(float(b["attention_mask"].sum()) for r in per_rank for b in r) / elapsed,
                         "step_time_s": elapsed,
                     }
+                    if "peak_memory_gb" in results[0]:  # on GPU
+                        metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
                     if alg.data == "unpaired":
                         metrics["kl_baseline"] = loss_kwargs["kl_baseline"]
                     if val_set and train.eval_every and step % train.eval_every == 0 and step != train.steps:
