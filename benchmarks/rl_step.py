@@ -203,16 +203,22 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     return model, prompts, config_path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_parser(doc: str, loop: str, steps: int) -> argparse.ArgumentParser:
+    """The arguments rl_step.py and sl_step.py share: where, how many steps, the model's shape, the GPUs, overrides."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=4, help="RL steps; the median of all but the first is reported")
+    parser.add_argument("--steps", type=int, default=steps, help=f"{loop} steps; the median of all but the first is reported")
     parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank and an engine's worker, each with "
-                        "PROMPTS prompts of the step; MFU counts the peak of all of them")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank (and, in RL, an engine's worker) "
+                        "with PROMPTS x SAMPLES sequences of the step; MFU counts the peak of all of them")
+    parser.add_argument("overrides", nargs="*", help=f"KEY=VALUE config overrides, as for `oxrl train {loop.lower()}`")
+    return parser
+
+
+def main() -> None:
+    parser = workload_parser(__doc__, "RL", steps=4)
     parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
                         "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
-    parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)

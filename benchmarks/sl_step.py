@@ -6,14 +6,13 @@ under ZeRO-3 (whose shards are what lets the 32B shape train at all; offload by 
 step's trained tokens: PROMPTS x SAMPLES sequences of PROMPT_TOKENS + NEW_TOKENS tokens (a prompt of PROMPT_TOKENS, the
 loss on its completion, cut at data.max_len), in micro-batches of 16. Reported, as the median over the steps after the
 first (which compiles and allocates): the step's seconds, tokens/s in all and per GPU (every token goes forward and
-backward), MFU (6 N FLOPs per token, parameters only, against 989 TFLOP/s dense bf16 per GPU) and the trainer's peak
-memory (rank 0's GPU).
+backward), MFU (6 N FLOPs per token, parameters only, against 989 TFLOP/s dense bf16 per GPU) and the largest peak
+GPU memory of a trainer rank.
 
     python benchmarks/sl_step.py --out DIR [--shape 0.5b|7b|32b] [--gpus N] [--steps S] [KEY=VALUE ...]
     # overrides as for `oxrl train sl`, e.g. model.gradient_checkpointing=true train.micro_batch_size=2
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -25,7 +24,8 @@ from rich.console import Console
 
 from oxrl_core.config import load_sl_config
 from oxrl_core.loops.sl import train_sl
-from rl_step import NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model, write_prompts
+from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
+                     workload_parser, write_prompts)
 
 MICRO_BATCH = 16
 
@@ -40,14 +40,7 @@ def write_sft_records(model: Path, path: Path, count: int) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=3, help="SFT steps; the median of all but the first is reported")
-    parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
-    parser.add_argument("--gpus", type=int, default=1, help="trainer ranks, one per GPU, each with PROMPTS x SAMPLES "
-                        "sequences of the step; MFU counts the peak of all of them")
-    parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
-    args = parser.parse_args()
+    args = workload_parser(__doc__, "SL", steps=3).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / f"qwen2.5-{args.shape}-shape", QWEN25_SHAPES[args.shape])
     sequences = PROMPTS * SAMPLES * args.gpus
