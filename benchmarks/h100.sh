@@ -4,6 +4,10 @@
 # Stages, each within one 10-minute device call:
 #   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
+#   bash benchmarks/h100.sh scale N lora|full [KEY=VALUE ...]  # issue 19's curve: `bench` for the 7B shape on N GPUs,
+#                                                  # colocated, 3 steps, no standalone reference; LoRA (ZeRO-1) or full
+#                                                  # weights (ZeRO-3), LoRA with one memory setting for 80 GB GPUs and
+#                                                  # one for H200s (the same setting at every N)
 #   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
@@ -22,6 +26,18 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, vllm, deepspeed, ray, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tee "$OUT/versions.txt"
 
 stage=${1:-}; shift || true
+if [ "$stage" = scale ]; then
+  gpus=$1 weights=$2; shift 2
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  case "$weights:$((mib > 100000))" in
+    lora:1) set -- lora.enabled=true rollout.gpu_memory_utilization=0.45 train.micro_batch_size=8 train.grad_accum=64 "$@" ;;
+    lora:0) set -- lora.enabled=true rollout.gpu_memory_utilization=0.4 train.micro_batch_size=4 train.grad_accum=128 "$@" ;;
+    # full weights: 16 bytes a parameter (bf16 weights and gradients, float32 Adam) sharded over the ranks; 1 GPU fits no 7B
+    full:*) set -- deepspeed.zero_stage=3 rollout.gpu_memory_utilization=0.3 train.micro_batch_size=4 train.grad_accum=128 "$@" ;;
+    *) echo "scale N lora|full, not $weights"; exit 2 ;;
+  esac
+  stage=bench; set -- --shape 7b --gpus "$gpus" --steps 3 --no-standalone "$@"
+fi
 if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"
   timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1

@@ -219,6 +219,8 @@ def main() -> None:
     parser = workload_parser(__doc__, "RL", steps=4)
     parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
                         "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
+    parser.add_argument("--no-standalone", action="store_true", help="skip the standalone engine's reference runs "
+                        "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)
@@ -235,7 +237,7 @@ def main() -> None:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(standalone_generate, model, prompts, config, threads).result()
 
-    reference = rollout.tensor_parallel_size == 1
+    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone
     standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
@@ -270,6 +272,7 @@ def main() -> None:
         "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
         "train_tokens_per_s": tokens / step["time_train_s"],
         "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / gpus,
+        "step_tokens_per_s_per_gpu": tokens / step_s / gpus,  # prompt + response tokens of the whole step: the scaling figure
         "generate_tokens_per_s_per_gpu": step["generate_tokens_per_s"] / gpus,
         "train_mfu": train_flops * tokens / step["time_train_s"] / peak,
         "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / peak,
@@ -286,7 +289,7 @@ def main() -> None:
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
     for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
-                "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+                "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "step_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
         value = result.get(key)
         value = float("nan") if value is None else value
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
