@@ -6,7 +6,7 @@ and engines) go through `train_rl`, the
 same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
-phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per GPU, peak memory of GPU 0;
+phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per GPU, peak memory of the fullest GPU;
 and, first, standalone vLLM (the same engine class, no Ray, no trainer, in a fresh
 process of its own, gone before the run starts) generates the same batch three
 times (the median of the last two counts), for the rollout phase's share of
@@ -90,18 +90,20 @@ def write_prompts(model: Path, path: Path, count: int) -> Path:
 
 
 class GpuMonitor:
-    """Device-wide memory in use (every process: vLLM and the trainer), SM clock, utilisation and power, sampled
-    through NVML every 50 ms."""
+    """Device-wide memory in use (every process: vLLM and the trainer) on each GPU, the fullest one's peak; and GPU
+    0's SM clock, utilisation and power; sampled through NVML every 50 ms. Every GPU, because Ray need not give a run
+    of fewer GPUs than the machine has its GPU 0."""
 
     def __enter__(self):
         import pynvml
 
         pynvml.nvmlInit()
-        handle, self.peak_gb, self.samples, self._stop = pynvml.nvmlDeviceGetHandleByIndex(0), 0.0, [], threading.Event()
+        gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handle, self.peak_gb, self.samples, self._stop = gpus[0], 0.0, [], threading.Event()
 
         def sample():
             while not self._stop.wait(0.05):
-                self.peak_gb = max(self.peak_gb, pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
+                self.peak_gb = max(self.peak_gb, *(pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 2**30 for gpu in gpus))
                 self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                                      pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                                      pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
@@ -250,7 +252,7 @@ def main() -> None:
     measured = history[1:] or history  # the first step compiles and allocates
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
-              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
+              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}  # the fullest GPU's
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
                "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
                "rollout_windows": windows}
