@@ -90,20 +90,22 @@ def write_prompts(model: Path, path: Path, count: int) -> Path:
 
 
 class GpuMonitor:
-    """Device-wide memory in use (every process: vLLM and the trainer) on each GPU, the fullest one's peak; and GPU
-    0's SM clock, utilisation and power; sampled through NVML every 50 ms. Every GPU, because Ray need not give a run
-    of fewer GPUs than the machine has its GPU 0."""
+    """Device-wide memory in use (every process: vLLM and the trainer), SM clock, utilisation and power of the fullest
+    GPU, sampled through NVML every 50 ms: the fullest, since Ray need not give a run of fewer GPUs than the machine
+    has its GPU 0."""
 
     def __enter__(self):
         import pynvml
 
         pynvml.nvmlInit()
         gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        handle, self.peak_gb, self.samples, self._stop = gpus[0], 0.0, [], threading.Event()
+        self.peak_gb, self.samples, self._stop = 0.0, [], threading.Event()
 
         def sample():
             while not self._stop.wait(0.05):
-                self.peak_gb = max(self.peak_gb, *(pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 2**30 for gpu in gpus))
+                used_gb, handle = max(((pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 2**30, gpu) for gpu in gpus),
+                                      key=lambda x: x[0])
+                self.peak_gb = max(self.peak_gb, used_gb)
                 self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                                      pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                                      pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
@@ -252,7 +254,7 @@ def main() -> None:
     measured = history[1:] or history  # the first step compiles and allocates
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
-              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}  # the fullest GPU's
+              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
                "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
                "rollout_windows": windows}
