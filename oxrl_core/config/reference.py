@@ -44,6 +44,8 @@ def _rows(prefix: str, model: type[BaseModel]) -> list[str]:
 
 def _type(annotation) -> str:
     args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:  # a constrained type (PositiveInt): the constraint is in the meaning
+        return _type(args[0])
     if typing.get_origin(annotation) is list and isinstance(args[0], type) and issubclass(args[0], BaseModel):
         return "list of {" + ", ".join(args[0].model_fields) + "}"
     if typing.get_origin(annotation) is typing.Literal:

@@ -210,19 +210,34 @@ class TrainEngine:
                 sums[key] = sums.get(key, 0.0) + value
         return {key: float(value) for key, value in sums.items()}
 
-    @torch.no_grad()
     def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
-        self.engine.eval()
-        logprobs = [self._forward(self._to_device(b), temperature, reference=reference)["logprobs"] for b in micro_batches]
-        return [x.cpu() for x in logprobs]  # after every forward is queued: a copy to the CPU waits for the GPU
+        outputs = self._forwards_without_grad(micro_batches, temperature, reference)
+        return [o["logprobs"].cpu() for o in outputs]  # after every forward is queued: a copy to the CPU waits for the GPU
+
+    def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """PPO: per-token logprobs and the critic's values, both [B, T-1], of each micro-batch from the same forward."""
+        outputs = self._forwards_without_grad(micro_batches, temperature)
+        return [(o["logprobs"].cpu(), o["values"].float().cpu()) for o in outputs]
 
     @torch.no_grad()
-    def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """PPO: per-token logprobs and the critic's values, both [B, T-1], from one forward per micro-batch."""
+    def _forwards_without_grad(self, micro_batches: list[dict], temperature: float, reference: bool = False) -> list[dict]:
+        """`_forward`'s outputs for each micro-batch, from forwards of up to `train.logprobs_micro_batch_size`
+        sequences: consecutive micro-batches joined into one (right-padded to the longest), the outputs cut back."""
         self.engine.eval()
-        outputs = [self._forward(self._to_device(b), temperature) for b in micro_batches]
-        return [(o["logprobs"].cpu(), o["values"].float().cpu()) for o in outputs]
+        train = self.config.train
+        fused = (self.reference_head if reference else self.policy_head) is not None and self.teacher is None
+        limit = train.logprobs_micro_batch_size or (4 * train.micro_batch_size if fused else train.micro_batch_size)
+        outputs = []
+        for group in _consecutive_groups(micro_batches, limit):
+            joined = {key: _right_padded_cat([b[key] for b in group]) for key in ("input_ids", "attention_mask")}
+            output = self._forward(self._to_device(joined), temperature, reference=reference)
+            start = 0
+            for batch in group:
+                size, length = batch["input_ids"].shape
+                outputs.append({key: value[start:start + size, :length - 1] for key, value in output.items()})
+                start += size
+        return outputs
 
     def _to_device(self, batch: dict) -> dict:
         """The micro-batch on this rank's device; packed, with its model inputs under "packed", built here on the CPU
@@ -390,6 +405,25 @@ def compile_blocks(model: torch.nn.Module) -> None:
     names = set(getattr(model, "_no_split_modules", None) or ())
     for block in [m for m in model.modules() if type(m).__name__ in names] or [model]:
         block.compile()
+
+
+def _consecutive_groups(micro_batches: list[dict], max_sequences: int) -> list[list[dict]]:
+    """The micro-batches in order, in runs of at most `max_sequences` sequences (a larger micro-batch alone)."""
+    groups, size = [], max_sequences
+    for batch in micro_batches:
+        rows = len(batch["input_ids"])
+        if size + rows > max_sequences:
+            groups.append([])
+            size = 0
+        groups[-1].append(batch)
+        size += rows
+    return groups
+
+
+def _right_padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[B_i, T_i] tensors -> [sum B_i, max T_i], zeros on the right (attention_mask 0: padding)."""
+    length = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, length - t.shape[1])) for t in tensors])
 
 
 def _moved(value, device: torch.device):

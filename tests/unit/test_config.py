@@ -69,6 +69,12 @@ def test_batch_size_must_match_micro_batch_grad_accum_and_ranks(tmp_path, good):
     assert "train.micro_batch_size (2)" in message and "train.grad_accum (2)" in message and "run.train_ranks (2)" in message
 
 
+def test_logprobs_micro_batch_below_the_training_micro_batch_is_rejected(tmp_path, good):
+    message = rejected(tmp_path, good, ["train.logprobs_micro_batch_size=1"])
+    assert "train.logprobs_micro_batch_size=1" in message and "train.micro_batch_size (2)" in message
+    assert load(tmp_path, good, ["train.logprobs_micro_batch_size=2"])[0].train.logprobs_micro_batch_size == 2
+
+
 def test_lora_target_absent_from_model_is_rejected_with_the_real_names(tmp_path, good):
     message = rejected(tmp_path, good, ["lora.enabled=true", "lora.target_modules=[q_proj, qkv]"])
     assert "lora.target_modules" in message and "'qkv'" in message
