@@ -189,7 +189,9 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
     trainer rank and a worker of an engine of `tensor_parallel` GPUs (colocated). ZeRO-1 (one GPU's training phase is
     bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
-    and their gradients do not fit one GPU whole."""
+    and their gradients do not fit one GPU whole. Micro-batches of 32 sequences: the trainer's peak with them, 28.0 GB,
+    stays under the 28.4 GB it reached at 16 before the fused head, and the training phase runs 3-5 points of MFU
+    higher (benchmarks/RESULTS.md)."""
     model = build_model(out / f"qwen2.5-{shape}-shape", QWEN25_SHAPES[shape])
     prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus)
     config_path = out / "rl_step.yaml"
@@ -197,7 +199,7 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
         "model": {"name_or_path": str(model), "dtype": "bfloat16"},
         "data": {"train": [{"path": str(prompts)}]},
         "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant",
-                  "batch_size": PROMPTS * SAMPLES * gpus, "micro_batch_size": 16, "grad_accum": PROMPTS * SAMPLES // 16},
+                  "batch_size": PROMPTS * SAMPLES * gpus, "micro_batch_size": 32, "grad_accum": PROMPTS * SAMPLES // 32},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS, "max_prompt_len": PROMPT_TOKENS,
                     "gpu_memory_utilization": 0.4, "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
         "reward": {"func": "math"},

@@ -2,7 +2,7 @@
 
 The work is `rl_step.py`'s: a random-weight model of Qwen2.5-0.5B's shape with oxrl-tiny's tokenizer, 64 prompts of
 exactly 128 tokens x 8 samples x up to 512 new tokens (a random model never stops early), temperature 1, CISPO,
-micro-batch 16 x 32 accumulation steps = one optimizer step over the 512 samples, AdamW at lr 1e-6 (constant), bf16,
+micro-batch 32 x 16 accumulation steps = one optimizer step over the 512 samples, AdamW at lr 1e-6 (constant), bf16,
 vLLM at 40% of the GPU, one GPU. `rl_step.py` writes that run's config (`rl_step.yaml`); TRL's `GRPOConfig` is
 derived from the same config object (`trl_arguments`), so an override given here changes both sides alike.
 
@@ -18,7 +18,7 @@ oxrl's). Results: `vs_trl.json` (both sides, every step), `trl.json`, `oxrl.json
 Phases. oxrl times its own (generate, reward, logprobs, train, refresh). TRL's are read from its own profiling
 contexts (`trl.extras.profiling`: `vLLM.generate`, `sync_weights`, `_calculate_rewards`, and
 `_get_per_token_logps_and_entropies` under no_grad = the old-policy pass), and from the optimizer-step boundaries;
-TRL's "train" is everything between the end of its generation batch and the end of the optimizer step: the 32
+TRL's "train" is everything between the end of its generation batch and the end of the optimizer step: the 16
 forward/backward passes, the optimizer step, and TRL's per-step logging.
 
     python benchmarks/vs_trl.py --out DIR [--steps 4] [KEY=VALUE ...]     # overrides of rl_step.yaml, both sides
@@ -425,7 +425,7 @@ NOTES = [
     "one request per sample, external launcher, in the trainer's process); oxrl's engine takes vLLM's defaults, one "
     "request per prompt with n samples, in its own Ray actor beside the DeepSpeed rank's",
     "phases: TRL's from its own profiling timers; its 'train' is the step's wall time after its generation batch "
-    "(32 forward/backward passes, the optimizer, its per-step logging); its 'other' is the generation batch's time "
+    "(one forward/backward pass per micro-batch, the optimizer, its per-step logging); its 'other' is the generation batch's time "
     "outside the named phases (tokenising, padding, the IS ratios, metrics). oxrl's 'other' is the step's wall time "
     "outside its five phases",
 ]
