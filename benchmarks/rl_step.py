@@ -2,11 +2,11 @@
 
 A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B; `--shape 32b`) is
 built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
-and engines) go through `train_rl`, the
-same loop as `oxrl train rl`. Reported, as the median over the steps after the
+and engines; or split, given `rollout.placement=split` and how many ranks and engines share the N GPUs) go through
+`train_rl`, the same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
-phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per GPU, peak memory of the fullest GPU;
+phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per trainer GPU, peak memory of the fullest GPU;
 and, first, standalone vLLM (the same engine class, no Ray, no trainer, in a fresh
 process of its own, gone before the run starts) generates the same batch three
 times (the median of the last two counts), for the rollout phase's share of
@@ -16,7 +16,9 @@ the faster is the reference. After the loop, standalone vLLM with one thread onc
 for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
     python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b] [--gpus N] [--tensor-parallel K] [KEY=VALUE ...]
-    # overrides as for `oxrl train rl`
+    # overrides as for `oxrl train rl`; split on 8 GPUs (4096 samples = 4 ranks x 32 sequences x 32), e.g.:
+    python benchmarks/rl_step.py --out results/ --gpus 8 --no-standalone rollout.placement=split
+        run.train_ranks=4 rollout.engines=4 train.grad_accum=32
 """
 
 import argparse
@@ -231,19 +233,23 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
-    rollout = config.rollout
-    if not (config.run.train_ranks == args.gpus == rollout.engines * rollout.tensor_parallel_size):
-        # the figures per GPU and against the standalone engine count one rank and one engine worker per GPU
-        raise SystemExit(f"run.train_ranks={config.run.train_ranks}, rollout.engines={rollout.engines} x "
-                         f"rollout.tensor_parallel_size={rollout.tensor_parallel_size}: each must cover --gpus={args.gpus}; "
-                         f"set them with --gpus and --tensor-parallel")
+    rollout, ranks = config.rollout, config.run.train_ranks
+    engine_gpus = rollout.engines * rollout.tensor_parallel_size
+    split = rollout.placement == "split"
+    if (ranks + engine_gpus if split else max(ranks, engine_gpus)) != args.gpus or (not split and ranks != engine_gpus):
+        # the figures per GPU count every GPU once: colocated, a rank and an engine worker on each; split, either
+        raise SystemExit(f"run.train_ranks={ranks}, rollout.engines={rollout.engines} x rollout.tensor_parallel_size="
+                         f"{rollout.tensor_parallel_size}, rollout.placement={rollout.placement}: colocated, each must "
+                         f"cover --gpus={args.gpus} (set them with --gpus and --tensor-parallel); split (rollout.placement="
+                         f"split, with train.grad_accum for the fewer ranks), together")
 
     def standalone_in_own_process(threads: int | None) -> dict:
         # run in this process after the loop, it once came out 1.6x slower than the loop's engine
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(standalone_generate, model, prompts, config, threads).result()
 
-    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone
+    # the standalone engine generates one GPU's share of the prompts: a colocated engine's
+    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone and not split
     standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
@@ -273,11 +279,11 @@ def main() -> None:
     # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights' (LoRA's own
     # weights are negligible beside them)
     train_flops = (4 if config.lora.enabled else 6) * n_params
-    gpus, peak = args.gpus, PEAK_FLOPS * args.gpus
+    gpus, peak = args.gpus, PEAK_FLOPS * ranks  # the training phase runs on the ranks' GPUs (split: not the engines')
     result |= {
         "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
         "train_tokens_per_s": tokens / step["time_train_s"],
-        "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / gpus,
+        "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / ranks,  # per trainer GPU
         "step_tokens_per_s_per_gpu": tokens / step_s / gpus,  # prompt + response tokens of the whole step: the scaling figure
         "generate_tokens_per_s_per_gpu": step["generate_tokens_per_s"] / gpus,
         "train_mfu": train_flops * tokens / step["time_train_s"] / peak,

@@ -22,8 +22,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
             f"train.batch_size={train.batch_size}: must equal train.micro_batch_size ({train.micro_batch_size}) "
             f"x train.grad_accum ({train.grad_accum}) x run.train_ranks ({run.train_ranks}) = {product}"
         )
-    if train.logprobs_micro_batch_size is not None and train.logprobs_micro_batch_size < train.micro_batch_size:
-        raise OxrlError(f"train.logprobs_micro_batch_size={train.logprobs_micro_batch_size}: must be at least "
+    if train.logprobs_micro_batch_size is not None and train.logprobs_micro_batch_size % train.micro_batch_size:
+        raise OxrlError(f"train.logprobs_micro_batch_size={train.logprobs_micro_batch_size}: must be a multiple of "
                         f"train.micro_batch_size ({train.micro_batch_size}); a forward runs whole micro-batches")
     if ds.offload_param and ds.zero_stage != 3:
         raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")

@@ -90,7 +90,7 @@ class TrainCommon(Section):
     grad_accum: PositiveInt = Field(1, description="Micro-batches per optimizer step on one rank.")
     logprobs_micro_batch_size: PositiveInt | None = Field(
         None, description="Sequences per forward pass without gradients (old and reference logprobs, PPO's values) on "
-                          "one rank: consecutive micro-batches run together up to this many. Such a forward keeps one "
+                          "one rank, a multiple of micro_batch_size: consecutive micro-batches run together. Such a forward keeps one "
                           "layer's activations at a time, not every layer's, so it takes more sequences at no higher peak "
                           "(and under ZeRO-3 gathers the weights fewer times). Default 4 x micro_batch_size; where the "
                           "logits are made whole (KD, LoRA on the output layer), micro_batch_size.")

@@ -222,14 +222,17 @@ class TrainEngine:
 
     @torch.no_grad()
     def _forwards_without_grad(self, micro_batches: list[dict], temperature: float, reference: bool = False) -> list[dict]:
-        """`_forward`'s outputs for each micro-batch, from forwards of up to `train.logprobs_micro_batch_size`
-        sequences: consecutive micro-batches joined into one (right-padded to the longest), the outputs cut back."""
+        """`_forward`'s outputs for each micro-batch, from forwards of `train.logprobs_micro_batch_size` sequences:
+        that many micro-batches' worth joined into one (right-padded to the longest), the outputs cut back. Counted in
+        micro-batches, not rows, so that every rank runs as many forwards (ZeRO-3 gathers in each) when a last
+        micro-batch is short on one rank only."""
         self.engine.eval()
         train = self.config.train
         fused = (self.reference_head if reference else self.policy_head) is not None and self.teacher is None
-        limit = train.logprobs_micro_batch_size or (4 * train.micro_batch_size if fused else train.micro_batch_size)
+        per_forward = train.logprobs_micro_batch_size // train.micro_batch_size if train.logprobs_micro_batch_size else 4 if fused else 1
         outputs = []
-        for group in _consecutive_groups(micro_batches, limit):
+        for first in range(0, len(micro_batches), per_forward):
+            group = micro_batches[first:first + per_forward]
             joined = {key: _right_padded_cat([b[key] for b in group]) for key in ("input_ids", "attention_mask")}
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0
@@ -405,19 +408,6 @@ def compile_blocks(model: torch.nn.Module) -> None:
     names = set(getattr(model, "_no_split_modules", None) or ())
     for block in [m for m in model.modules() if type(m).__name__ in names] or [model]:
         block.compile()
-
-
-def _consecutive_groups(micro_batches: list[dict], max_sequences: int) -> list[list[dict]]:
-    """The micro-batches in order, in runs of at most `max_sequences` sequences (a larger micro-batch alone)."""
-    groups, size = [], max_sequences
-    for batch in micro_batches:
-        rows = len(batch["input_ids"])
-        if size + rows > max_sequences:
-            groups.append([])
-            size = 0
-        groups[-1].append(batch)
-        size += rows
-    return groups
 
 
 def _right_padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:

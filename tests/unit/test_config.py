@@ -69,10 +69,11 @@ def test_batch_size_must_match_micro_batch_grad_accum_and_ranks(tmp_path, good):
     assert "train.micro_batch_size (2)" in message and "train.grad_accum (2)" in message and "run.train_ranks (2)" in message
 
 
-def test_logprobs_micro_batch_below_the_training_micro_batch_is_rejected(tmp_path, good):
-    message = rejected(tmp_path, good, ["train.logprobs_micro_batch_size=1"])
-    assert "train.logprobs_micro_batch_size=1" in message and "train.micro_batch_size (2)" in message
-    assert load(tmp_path, good, ["train.logprobs_micro_batch_size=2"])[0].train.logprobs_micro_batch_size == 2
+@pytest.mark.parametrize("size", [1, 3])
+def test_logprobs_micro_batch_not_a_multiple_of_the_training_micro_batch_is_rejected(tmp_path, good, size):
+    message = rejected(tmp_path, good, [f"train.logprobs_micro_batch_size={size}"])
+    assert f"train.logprobs_micro_batch_size={size}" in message and "multiple of train.micro_batch_size (2)" in message
+    assert load(tmp_path, good, ["train.logprobs_micro_batch_size=6"])[0].train.logprobs_micro_batch_size == 6
 
 
 def test_lora_target_absent_from_model_is_rejected_with_the_real_names(tmp_path, good):
