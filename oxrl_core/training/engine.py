@@ -228,8 +228,11 @@ class TrainEngine:
         micro-batch is short on one rank only."""
         self.engine.eval()
         train = self.config.train
-        fused = (self.reference_head if reference else self.policy_head) is not None and self.teacher is None
-        per_forward = train.logprobs_micro_batch_size // train.micro_batch_size if train.logprobs_micro_batch_size else 4 if fused else 1
+        if train.logprobs_micro_batch_size:
+            per_forward = train.logprobs_micro_batch_size // train.micro_batch_size
+        else:  # 4 where a training micro-batch keeps every layer's activations and no [B, T, V] logits are made
+            fused = (self.reference_head if reference else self.policy_head) is not None and self.teacher is None
+            per_forward = 4 if fused and not self.config.model.gradient_checkpointing else 1
         outputs = []
         for first in range(0, len(micro_batches), per_forward):
             group = micro_batches[first:first + per_forward]
