@@ -12,6 +12,8 @@
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
+#   bash benchmarks/h100.sh head-epilogue          # the fused head's backward with its softmax gradient in the product's
+#                                                  # epilogue, against today's (benchmarks/head_epilogue_probe.py)
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
@@ -92,6 +94,13 @@ if [ "$stage" = cuda-graphs ]; then
   exit 0
 fi
 
+if [ "$stage" = head-epilogue ]; then
+  echo "== the fused head's backward: the softmax gradient after the product (today) or in its epilogue"
+  timeout 300 python3 benchmarks/head_epilogue_probe.py --out "$WORK" > "$OUT/head_epilogue_probe.log" 2>&1
+  echo "rc=$?"; tail -n 3 "$OUT/head_epilogue_probe.log"; cp "$WORK/head_epilogue_probe.json" "$OUT/" 2>/dev/null
+  exit 0
+fi
+
 if [ "$stage" = refresh ]; then
   echo "== a colocated refresh, part by part ($*)"
   timeout 400 python3 benchmarks/refresh_profile.py "$WORK/refresh" "$@" > "$OUT/refresh.log" 2>&1
@@ -99,7 +108,7 @@ if [ "$stage" = refresh ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | sl [...] | phase | profile | refresh | cuda-graphs | cli | vs-trl [...]" >&2; exit 2; }
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | sl [...] | phase | profile | refresh | cuda-graphs | head-epilogue | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1
