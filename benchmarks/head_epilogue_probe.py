@@ -1,17 +1,21 @@
-"""Would the fused head's backward be faster with the softmax gradient inside the product? A probe, never a test.
+"""Would the fused head be faster with its softmax work inside the product's epilogue? A probe, never a test.
 
-The fused head's backward (oxrl_core/training/fused_head.py) makes each vocabulary slice of the logits again,
-g = hidden @ W[slice]^T [N, v] (cuBLAS, written to memory), then overwrites g with its gradient, (onehot - p) *
-grad / T (a Triton kernel: read and write), then reads g in two products. On an H100 the train pass is 1-4 points of
-MFU below an H200's, whose only advantage is memory bandwidth (benchmarks/RESULTS.md), and these passes over [N, v]
-are the pass's largest memory traffic. Here the gradient is computed in the product's epilogue instead (a Triton
-matmul: each [BLOCK_M, BLOCK_N] tile of logits, rounded to the weight's dtype as cuBLAS's output would be, becomes
-its gradient before it is stored), which saves one write and one read of every slice.
+The fused head (oxrl_core/training/fused_head.py) makes the logits a chunk at a time with cuBLAS, writes them to
+memory, and runs a Triton kernel over them: in the forward it reads each chunk once (logsumexp, the target's logit,
+the entropy); in the backward it makes each vocabulary slice again, g = hidden @ W[slice]^T [N, v], overwrites g
+with its gradient, (onehot - p) * grad / T (a read and a write), and reads g in two products. On an H100 the train
+pass is 1-4 points of MFU below an H200's, whose only advantage is memory bandwidth (benchmarks/RESULTS.md), and
+these passes over the logits are the training phase's largest memory traffic. Here a Triton matmul does that work
+on each [BLOCK_M, BLOCK_N] tile of logits (rounded to the weight's dtype, as cuBLAS's output would be) before, or
+instead of, storing it:
+- forward: per row and vocabulary tile, the max, the sum of exponentials and the entropy's weighted sum, reduced
+  over the tiles afterwards ([N, V / BLOCK_N] floats): no logits in memory at all;
+- backward: the tile's gradient is stored in place of its logits: one write of each slice instead of three passes.
 
-Measured at rl_step.py's micro-batch (32 sequences of 640 tokens, Qwen2.5-0.5B's hidden size and vocabulary), over
-every slice of the vocabulary as the backward cuts it: seconds of today's two steps against the fused kernel in each
-of a few tile shapes, and their largest difference (in units of the largest gradient entry). The entropy's gradient
-term (PPO's bonus only) is left out of both.
+Measured at rl_step.py's micro-batch (32 sequences of 640 tokens, Qwen2.5-0.5B's hidden size and vocabulary):
+seconds of today's steps against the fused kernels in each of a few tile shapes (the backward over every vocabulary
+slice as it is cut today), and their largest differences (forward: logprobs and entropies, absolute; backward: in
+units of the largest gradient entry). The entropy's gradient term (PPO's bonus only) is left out of the backward.
 
     python benchmarks/head_epilogue_probe.py --out DIR          # on a GPU
     TRITON_INTERPRET=1 python benchmarks/head_epilogue_probe.py --out DIR --tiny   # the arithmetic, on a CPU
@@ -61,6 +65,60 @@ def _logits_grad_kernel(hidden, weight, out, targets, lse, grad, rows, columns, 
     tl.store(out + m[:, None] * columns + n[None, :], g.to(out.dtype.element_ty), mask=(m[:, None] < rows) & (n[None, :] < columns))
 
 
+@triton.jit
+def _logits_partials_kernel(hidden, weight, targets, picked, tile_max, tile_sum, tile_weighted, rows, vocab, size,
+                            tiles, inv_temperature, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per row and per vocabulary tile of x = hidden @ weight^T / T (the whole vocabulary, no logits stored): the tile's
+    max, sum of exp(x - max) and sum of exp(x - max) x (for the entropy) into [rows, tiles] partials; the target's
+    x into picked [rows] from the tile that holds it."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tile = tl.program_id(1)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, size, BLOCK_K):
+        a = tl.load(hidden + m[:, None] * size + start + k[None, :], mask=(m[:, None] < rows) & (start + k[None, :] < size), other=0.0)
+        b = tl.load(weight + n[None, :] * size + start + k[:, None], mask=(n[None, :] < vocab) & (start + k[:, None] < size), other=0.0)
+        acc = tl.dot(a, b, acc)
+    inside = n[None, :] < vocab
+    x = tl.where(inside, acc.to(hidden.dtype.element_ty).to(tl.float32) * inv_temperature, float("-inf"))
+    row_max = tl.max(x, 1)  # [BLOCK_M]
+    p = tl.exp(x - row_max[:, None])  # 0 outside the vocabulary
+    live = m < rows
+    tl.store(tile_max + m * tiles + tile, row_max, mask=live)
+    tl.store(tile_sum + m * tiles + tile, tl.sum(p, 1), mask=live)
+    tl.store(tile_weighted + m * tiles + tile, tl.sum(tl.where(inside, p * x, 0.0), 1), mask=live)
+    target = tl.load(targets + m, mask=live, other=-1)
+    here = live & (target >= tile * BLOCK_N) & (target < tile * BLOCK_N + BLOCK_N)
+    tl.store(picked + m, tl.sum(tl.where(n[None, :] == target[:, None], x, 0.0), 1), mask=here)
+
+
+def forward_today(hidden, weight, targets, temperature) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused head's forward as fused_head.py runs it: logits [n, V] a chunk of rows at a time, then the row
+    kernel. Logprobs and entropies [N]."""
+    step = _width(len(weight))
+    chunks = [rows_forward(F.linear(hidden[start:start + step], weight)[None], targets[None, start:start + step],
+                           temperature, True) for start in range(0, len(hidden), step)]
+    return torch.cat([c[0].flatten() for c in chunks]), torch.cat([c[2].flatten() for c in chunks])
+
+
+def forward_fused(hidden, weight, targets, temperature, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same from per-tile partials of the product's epilogue, reduced over the tiles here: [N, V / BLOCK_N]."""
+    block_m, block_n, block_k, warps, stages = config
+    rows, vocab = len(hidden), len(weight)
+    tiles = triton.cdiv(vocab, block_n)
+    tile_max, tile_sum, tile_weighted = (torch.empty(rows, tiles, device=hidden.device) for _ in range(3))
+    picked = torch.empty(rows, device=hidden.device)
+    _logits_partials_kernel[(triton.cdiv(rows, block_m), tiles)](
+        hidden, weight, targets, picked, tile_max, tile_sum, tile_weighted, rows, vocab, hidden.shape[1], tiles,
+        1.0 / temperature, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    row_max = tile_max.amax(1, keepdim=True)  # [N, 1]
+    rescale = torch.exp(tile_max - row_max)  # [N, tiles]
+    total = (tile_sum * rescale).sum(1)
+    lse = row_max.squeeze(1) + torch.log(total)
+    return picked - lse, lse - (tile_weighted * rescale).sum(1) / total  # H = lse - E_p[x]
+
+
 def today(hidden, weight, targets, lse, grad, temperature) -> list[torch.Tensor]:
     """The backward's first two steps as fused_head.py runs them: each slice's gradient of the logits [N, v]."""
     step, slices = _width(len(hidden)), []
@@ -104,24 +162,34 @@ def main() -> None:
     lse = lse[0]
     results = {"rows": rows, "size": size, "vocab": vocab, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
     outputs = {}
-    variants = {"today": today} | {f"fused_epilogue_{'x'.join(map(str, c))}": partial(fused, config=c)
-                                    for c in ([TINY_CONFIG] if args.tiny else CONFIGS)}
-    for name, fn in variants.items():
+    configs = [TINY_CONFIG] if args.tiny else CONFIGS
+    name = lambda direction, c: f"{direction}_fused_epilogue_{'x'.join(map(str, c))}"
+    variants = {"forward_today": partial(forward_today, hidden, weight, targets, temperature)}
+    variants |= {name("forward", c): partial(forward_fused, hidden, weight, targets, temperature, config=c) for c in configs}
+    variants |= {"backward_today": partial(today, hidden, weight, targets, lse, grad, temperature)}
+    variants |= {name("backward", c): partial(fused, hidden, weight, targets, lse, grad, temperature, config=c) for c in configs}
+    outputs = {}
+    for variant, fn in variants.items():
         times = []
-        for _ in range(1 if args.tiny else 6):  # the first call autotunes and compiles
+        for _ in range(1 if args.tiny else 6):  # the first call compiles
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            slices = fn(hidden, weight, targets, lse, grad, temperature)
+            output = fn()
             if device == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        outputs[name] = torch.cat(slices, dim=1).float()  # [N, V]
-        del slices
-        results[f"{name}_s"] = statistics.median(times[1:] or times)
-    reference = outputs.pop("today")
-    for name, output in outputs.items():
-        results[f"{name}_largest_difference_relative"] = ((output - reference).abs().max() / reference.abs().max()).item()
+        # backward: each slice's logits gradient [N, v], joined [N, V]; forward: (logprobs, entropies) [N] each
+        outputs[variant] = torch.cat(output, dim=1).float() if variant.startswith("backward") else torch.stack(output)
+        del output
+        results[f"{variant}_s"] = statistics.median(times[1:] or times)
+    for direction in ("forward", "backward"):
+        reference = outputs.pop(f"{direction}_today")
+        for variant in [v for v in outputs if v.startswith(direction)]:
+            difference = (outputs.pop(variant) - reference).abs()
+            # backward: relative to the largest gradient entry; forward: absolute, [logprobs, entropies]
+            results[f"{variant}_largest_difference"] = (difference.max() / reference.abs().max()).item() \
+                if direction == "backward" else difference.amax(-1).tolist()
     print(json.dumps(results))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "head_epilogue_probe.json").write_text(json.dumps(results, indent=2))
