@@ -90,11 +90,11 @@ class TrainCommon(Section):
     grad_accum: PositiveInt = Field(1, description="Micro-batches per optimizer step on one rank.")
     logprobs_micro_batch_size: PositiveInt | None = Field(
         None, description="Sequences per forward pass without gradients (old and reference logprobs, PPO's values) on "
-                          "one rank, a multiple of micro_batch_size: consecutive micro-batches run together. Such a forward keeps one "
-                          "layer's activations at a time, not every layer's, so it takes more sequences at no higher peak "
-                          "(and under ZeRO-3 gathers the weights fewer times). Default 4 x micro_batch_size; micro_batch_size "
-                          "under gradient checkpointing (where training too keeps one layer's at a time) and where the "
-                          "logits are made whole (KD, LoRA on the output layer).")
+                          "one rank, a multiple of micro_batch_size: consecutive micro-batches run together. Such a "
+                          "forward keeps one layer's activations at a time, not every layer's, so it takes more sequences "
+                          "at no higher peak (and under ZeRO-3 gathers the weights fewer times). Default 4 x "
+                          "micro_batch_size; micro_batch_size under gradient checkpointing (where training too keeps one "
+                          "layer's at a time) and where the logits are made whole (KD, LoRA on the output layer).")
     warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="Linear warm-up steps.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("cosine", description="Decay after warm-up, over `steps`.")
     weight_decay: Annotated[float, Field(ge=0)] = Field(0.0, description="AdamW weight decay.")

@@ -236,7 +236,9 @@ class TrainEngine:
         outputs = []
         for first in range(0, len(micro_batches), per_forward):
             group = micro_batches[first:first + per_forward]
-            joined = {key: _right_padded_cat([b[key] for b in group]) for key in ("input_ids", "attention_mask")}
+            length = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
+            joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, length - b[key].shape[1])) for b in group])
+                      for key in ("input_ids", "attention_mask")}
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0
             for batch in group:
@@ -411,12 +413,6 @@ def compile_blocks(model: torch.nn.Module) -> None:
     names = set(getattr(model, "_no_split_modules", None) or ())
     for block in [m for m in model.modules() if type(m).__name__ in names] or [model]:
         block.compile()
-
-
-def _right_padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """[B_i, T_i] tensors -> [sum B_i, max T_i], zeros on the right (attention_mask 0: padding)."""
-    length = max(t.shape[1] for t in tensors)
-    return torch.cat([torch.nn.functional.pad(t, (0, length - t.shape[1])) for t in tensors])
 
 
 def _moved(value, device: torch.device):
