@@ -45,19 +45,27 @@ TINY_CONFIG = (32, 32, 16, 4, 1)
 
 
 @triton.jit
-def _logits_grad_kernel(hidden, weight, out, targets, lse, grad, rows, columns, size, first_column, inv_temperature,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out [rows, columns] = (onehot(target - first_column) - exp(x / T - lse)) * grad / T, x = hidden @ weight^T in the
-    weight's dtype; hidden [rows, size], weight [columns, size] (the slice), both row-major."""
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _logits_tile(hidden, weight, m, n, rows, columns, size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """The logits hidden[m] @ weight[n]^T [BLOCK_M, BLOCK_N] in float32, rounded to the inputs' dtype as the separate
+    product stores them; hidden [rows, size] and weight [columns, size] row-major."""
     k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, size, BLOCK_K):
         a = tl.load(hidden + m[:, None] * size + start + k[None, :], mask=(m[:, None] < rows) & (start + k[None, :] < size), other=0.0)
         b = tl.load(weight + n[None, :] * size + start + k[:, None], mask=(n[None, :] < columns) & (start + k[:, None] < size), other=0.0)
         acc = tl.dot(a, b, acc)
-    x = acc.to(out.dtype.element_ty).to(tl.float32) * inv_temperature  # the logit as the separate product stores it
+    return acc.to(hidden.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _logits_grad_kernel(hidden, weight, out, targets, lse, grad, rows, columns, size, first_column, inv_temperature,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out [rows, columns] = (onehot(target - first_column) - exp(x / T - lse)) * grad / T, x = hidden @ weight^T in the
+    weight's dtype; hidden [rows, size], weight [columns, size] (the slice), both row-major."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    x = _logits_tile(hidden, weight, m, n, rows, columns, size, BLOCK_M, BLOCK_N, BLOCK_K) * inv_temperature
     row_lse = tl.load(lse + m, mask=m < rows, other=0.0)
     scale = tl.load(grad + m, mask=m < rows, other=0.0) * inv_temperature
     onehot = tl.where(n[None, :] + first_column == tl.load(targets + m, mask=m < rows, other=-1)[:, None], 1.0, 0.0)
@@ -74,14 +82,9 @@ def _logits_partials_kernel(hidden, weight, targets, picked, tile_max, tile_sum,
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     tile = tl.program_id(1)
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, size, BLOCK_K):
-        a = tl.load(hidden + m[:, None] * size + start + k[None, :], mask=(m[:, None] < rows) & (start + k[None, :] < size), other=0.0)
-        b = tl.load(weight + n[None, :] * size + start + k[:, None], mask=(n[None, :] < vocab) & (start + k[:, None] < size), other=0.0)
-        acc = tl.dot(a, b, acc)
     inside = n[None, :] < vocab
-    x = tl.where(inside, acc.to(hidden.dtype.element_ty).to(tl.float32) * inv_temperature, float("-inf"))
+    x = tl.where(inside, _logits_tile(hidden, weight, m, n, rows, vocab, size, BLOCK_M, BLOCK_N, BLOCK_K) * inv_temperature,
+                 float("-inf"))
     row_max = tl.max(x, 1)  # [BLOCK_M]
     p = tl.exp(x - row_max[:, None])  # 0 outside the vocabulary
     live = m < rows
