@@ -12,8 +12,8 @@
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
-#   bash benchmarks/h100.sh head-epilogue          # the fused head's backward with its softmax gradient in the product's
-#                                                  # epilogue, against today's (benchmarks/head_epilogue_probe.py)
+#   bash benchmarks/h100.sh head-epilogue          # the fused head's forward and backward with their softmax work in the
+#                                                  # product's epilogue, against today's (benchmarks/head_epilogue_probe.py)
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
@@ -95,7 +95,7 @@ if [ "$stage" = cuda-graphs ]; then
 fi
 
 if [ "$stage" = head-epilogue ]; then
-  echo "== the fused head's backward: the softmax gradient after the product (today) or in its epilogue"
+  echo "== the fused head, forward and backward: the softmax work after the product (today) or in its epilogue"
   timeout 300 python3 benchmarks/head_epilogue_probe.py --out "$WORK" > "$OUT/head_epilogue_probe.log" 2>&1
   echo "rc=$?"; tail -n 3 "$OUT/head_epilogue_probe.log"; cp "$WORK/head_epilogue_probe.json" "$OUT/" 2>/dev/null
   exit 0

@@ -122,17 +122,18 @@ def forward_fused(hidden, weight, targets, temperature, config) -> tuple[torch.T
     return picked - lse, lse - (tile_weighted * rescale).sum(1) / total  # H = lse - E_p[x]
 
 
-def today(hidden, weight, targets, lse, grad, temperature) -> list[torch.Tensor]:
+def backward_today(hidden, weight, targets, lse, grad, temperature) -> list[torch.Tensor]:
     """The backward's first two steps as fused_head.py runs them: each slice's gradient of the logits [N, v]."""
     step, slices = _width(len(hidden)), []
     for start in range(0, len(weight), step):
         g = F.linear(hidden, weight[start:start + step])  # [N, v], then overwritten by its own gradient
+        # no entropy gradient: the entropies argument goes unread (lse stands in)
         rows_backward(g[None], (targets - start)[None], lse[None], grad[None], temperature, lse[None], None, g[None])
         slices.append(g)
     return slices
 
 
-def fused(hidden, weight, targets, lse, grad, temperature, config) -> list[torch.Tensor]:
+def backward_fused(hidden, weight, targets, lse, grad, temperature, config) -> list[torch.Tensor]:
     """The same, each slice's gradient made in the product's epilogue, with tiles `config`."""
     block_m, block_n, block_k, warps, stages = config
     step, slices = _width(len(hidden)), []
@@ -164,13 +165,12 @@ def main() -> None:
     _, lse, _ = rows_forward(F.linear(hidden, weight)[None], targets[None], temperature, False)
     lse = lse[0]
     results = {"rows": rows, "size": size, "vocab": vocab, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
-    outputs = {}
     configs = [TINY_CONFIG] if args.tiny else CONFIGS
     name = lambda direction, c: f"{direction}_fused_epilogue_{'x'.join(map(str, c))}"
     variants = {"forward_today": partial(forward_today, hidden, weight, targets, temperature)}
     variants |= {name("forward", c): partial(forward_fused, hidden, weight, targets, temperature, config=c) for c in configs}
-    variants |= {"backward_today": partial(today, hidden, weight, targets, lse, grad, temperature)}
-    variants |= {name("backward", c): partial(fused, hidden, weight, targets, lse, grad, temperature, config=c) for c in configs}
+    variants |= {"backward_today": partial(backward_today, hidden, weight, targets, lse, grad, temperature)}
+    variants |= {name("backward", c): partial(backward_fused, hidden, weight, targets, lse, grad, temperature, config=c) for c in configs}
     outputs = {}
     for variant, fn in variants.items():
         times = []

@@ -236,8 +236,8 @@ def main() -> None:
     rollout, ranks = config.rollout, config.run.train_ranks
     engine_gpus = rollout.engines * rollout.tensor_parallel_size
     split = rollout.placement == "split"
-    if (ranks + engine_gpus if split else max(ranks, engine_gpus)) != args.gpus or (not split and ranks != engine_gpus):
-        # the figures per GPU count every GPU once: colocated, a rank and an engine worker on each; split, either
+    # the figures per GPU count every GPU once: colocated, a rank and an engine worker on each; split, either
+    if not (ranks + engine_gpus == args.gpus if split else ranks == engine_gpus == args.gpus):
         raise SystemExit(f"run.train_ranks={ranks}, rollout.engines={rollout.engines} x rollout.tensor_parallel_size="
                          f"{rollout.tensor_parallel_size}, rollout.placement={rollout.placement}: colocated, each must "
                          f"cover --gpus={args.gpus} (set them with --gpus and --tensor-parallel); split (rollout.placement="

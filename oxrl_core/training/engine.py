@@ -236,8 +236,8 @@ class TrainEngine:
         outputs = []
         for first in range(0, len(micro_batches), per_forward):
             group = micro_batches[first:first + per_forward]
-            length = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
-            joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, length - b[key].shape[1])) for b in group])
+            longest = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
+            joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
                       for key in ("input_ids", "attention_mask")}
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0

@@ -3,13 +3,14 @@ entropies, values and full parameter gradients as the padded logits path they re
 and untied output layers, LoRA, and PPO's value head with a reference model and gradient checkpointing."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from oxrl_core.placement.groups import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -85,12 +86,6 @@ def run(path, spec, fused):
 torch.save({name: {"before": run(path, spec, False), "fused": run(path, spec, True)} for name, (path, spec) in CASES.items()},
            out / f"rank{rank}.pt")
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def untied_copy(tiny_model_dir, folder):

@@ -4,12 +4,13 @@ checkpointing): the same values as one forward per micro-batch, in fewer forward
 (real DeepSpeed, one gloo rank on the CPU)."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from oxrl_core.placement.groups import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -63,12 +64,6 @@ torch.save({name: {"each": run(spec, 2), "joined": run(spec, None)} for name, sp
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_no_grad_passes_join_micro_batches_into_fewer_forwards_with_the_same_values(tmp_path, tiny_model_dir):
     rank = subprocess.run([sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
                           env={**os.environ, "DS_ACCELERATOR": "cpu"}, timeout=600)
@@ -76,7 +71,7 @@ def test_no_grad_passes_join_micro_batches_into_fewer_forwards_with_the_same_val
     results = torch.load(tmp_path / "results.pt", weights_only=False)
     for case, result in results.items():
         each, joined = result["each"], result["joined"]
-        # 2 + 2 + 2 + 1 sequences in runs of at most 8: one forward; PPO's reference pass is a second one
+        # 4 micro-batches a forward by default (2 + 2 + 2 + 1 sequences): one forward; PPO's reference pass a second
         assert each["forwards"] == [2, 2, 2, 1] * (2 if case == "ppo-reference" else 1), case
         assert joined["forwards"] == ([2, 2, 2, 1] if case == "checkpointed" else [7] * (2 if case == "ppo-reference" else 1)), case
         for key in ("logprobs", "values", "reference"):
