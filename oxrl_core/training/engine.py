@@ -49,6 +49,9 @@ def deepspeed_config(config: SLConfig | RLConfig) -> dict:
         "fp16": {"enabled": model_dtype(config) == torch.float16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronizes the device in every forward and step: each
+        # micro-batch then waits for the GPU to drain its queue and the GPU for the host's next launches.
+        "timers": {"throughput": {"enabled": False}},
     }
 
 
