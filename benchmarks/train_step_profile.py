@@ -2,8 +2,8 @@
 
 rl_step.py's model and config (with KEY=VALUE overrides), train_phase.py's synthetic micro-batches, one TrainEngine in
 this process (no Ray). Three timed steps (the first compiles), then torch.profiler over a step of 8 micro-batches:
-its wall time against the time the GPU was busy (the union of its kernels' intervals), and the ops by CUDA time and
-by CPU time. Written to OUT/profile.txt.
+its wall time against the time the GPU was busy (the union of its kernels' intervals), what the host ran while the GPU
+was idle, and the ops by CUDA time and by CPU time. Written to OUT/profile.txt.
 
     python benchmarks/train_step_profile.py OUT [KEY=VALUE ...]
 """
@@ -47,12 +47,34 @@ def main() -> None:
         engine.train_step(batches[:8], alg="cispo", loss_kwargs=kwargs, with_entropy=True)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    busy, end = 0.0, -1.0  # microseconds covered by at least one kernel
-    for a, b in sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"):
-        if b > end:
-            busy += b - max(a, end)
+    events = prof.events()
+    busy, end, gaps = 0.0, None, []  # microseconds covered by at least one kernel; the idle intervals between them
+    for a, b in sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA"):
+        if end is not None and a > end:
+            gaps.append((end, a))
+        if end is None or b > end:
+            busy += b - max(a, end if end is not None else a)
             end = b
     print(f"8 micro-batches: wall {wall:.3f} s, GPU busy {busy / 1e6:.3f} s ({busy / 1e6 / wall:.1%})", file=report)
+    # What the host was running while the GPU waited: the host ops open at each of the longest gaps' middle,
+    # outermost first, and the idle time summed by the innermost op's name over every gap of 20 us or more.
+    host = [e for e in events if e.device_type.name == "CPU"]
+    by_op = {}
+    for a, b in gaps:
+        if b - a < 20:
+            continue
+        middle = (a + b) / 2
+        open_ops = sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end), key=lambda e: e.time_range.start)
+        innermost = open_ops[-1].name if open_ops else "(no host op)"
+        by_op[innermost] = by_op.get(innermost, 0.0) + b - a
+    print(f"idle gaps of 20 us or more: {sum(by_op.values()) / 1e3:.1f} ms, by the host's innermost op then:", file=report)
+    for name, idle in sorted(by_op.items(), key=lambda item: -item[1])[:15]:
+        print(f"  {idle / 1e3:8.2f} ms  {name[:110]}", file=report)
+    for a, b in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:8]:
+        middle = (a + b) / 2
+        chain = [e.name[:60] for e in sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end),
+                                             key=lambda e: e.time_range.start)]
+        print(f"  gap {(b - a) / 1e3:.2f} ms: {' > '.join(chain) or '(no host op)'}", file=report)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), file=report)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), file=report)
     report.close()
