@@ -6,7 +6,7 @@
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
 #   bash benchmarks/h100.sh scale N lora|full [KEY=VALUE ...]  # issue 19's curve: `bench` for the 7B shape on N GPUs,
 #                                                  # colocated, 3 steps, no standalone reference; LoRA (ZeRO-1) or full
-#                                                  # weights (ZeRO-3), LoRA with one memory setting for 80 GB GPUs and
+#                                                  # weights (ZeRO-2), LoRA with one memory setting for 80 GB GPUs and
 #                                                  # one for H200s (the same setting at every N)
 #   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
@@ -34,8 +34,10 @@ if [ "$stage" = scale ]; then
   case "$weights:$((mib > 100000))" in
     lora:1) set -- lora.enabled=true rollout.gpu_memory_utilization=0.45 train.micro_batch_size=8 train.grad_accum=64 "$@" ;;
     lora:0) set -- lora.enabled=true rollout.gpu_memory_utilization=0.4 train.micro_batch_size=4 train.grad_accum=128 "$@" ;;
-    # full weights: 16 bytes a parameter (bf16 weights and gradients, float32 Adam) sharded over the ranks; 1 GPU fits no 7B
-    full:*) set -- deepspeed.zero_stage=3 rollout.gpu_memory_utilization=0.3 train.micro_batch_size=4 train.grad_accum=128 "$@" ;;
+    # full weights under ZeRO-2 (oxrl's default): the bf16 weights whole on every GPU, gradients and float32 Adam
+    # sharded (16 bytes a parameter in all); a 7B fits 4 H200s so, 1 GPU not at all; deepspeed.zero_stage=3 shards the
+    # weights too
+    full:*) set -- deepspeed.zero_stage=2 rollout.gpu_memory_utilization=0.3 train.micro_batch_size=4 train.grad_accum=128 "$@" ;;
     *) echo "scale N lora|full, not $weights"; exit 2 ;;
   esac
   stage=bench; set -- --shape 7b --gpus "$gpus" --steps 3 --no-standalone "$@"
