@@ -14,6 +14,8 @@
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
 #   bash benchmarks/h100.sh head-epilogue          # the fused head's forward and backward with their softmax work in the
 #                                                  # product's epilogue, against today's (benchmarks/head_epilogue_probe.py)
+#   bash benchmarks/h100.sh attention              # a packed micro-batch's attention, today's against SDPA's backends
+#                                                  # on the padded sequences (benchmarks/attention_probe.py)
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
@@ -96,6 +98,13 @@ if [ "$stage" = cuda-graphs ]; then
   exit 0
 fi
 
+if [ "$stage" = attention ]; then
+  echo "== a packed micro-batch's attention: torch's varlen (today) against SDPA's backends on the padded sequences"
+  timeout 300 python3 benchmarks/attention_probe.py --out "$WORK" > "$OUT/attention_probe.log" 2>&1
+  echo "rc=$?"; tail -n 3 "$OUT/attention_probe.log"; cp "$WORK/attention_probe.json" "$OUT/" 2>/dev/null
+  exit 0
+fi
+
 if [ "$stage" = head-epilogue ]; then
   echo "== the fused head, forward and backward: the softmax work after the product (today) or in its epilogue"
   timeout 300 python3 benchmarks/head_epilogue_probe.py --out "$WORK" > "$OUT/head_epilogue_probe.log" 2>&1
@@ -110,7 +119,7 @@ if [ "$stage" = refresh ]; then
   exit 0
 fi
 
-[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | sl [...] | phase | profile | refresh | cuda-graphs | head-epilogue | cli | vs-trl [...]" >&2; exit 2; }
+[ "$stage" = cli ] || { echo "usage: bash benchmarks/h100.sh bench [KEY=VALUE ...] | sl [...] | phase | profile | refresh | cuda-graphs | head-epilogue | attention | cli | vs-trl [...]" >&2; exit 2; }
 echo "== oxrl train sl (SFT, ZeRO-3, bf16) on the same model"
 timeout 100 oxrl train sl --config examples/sft_tiny.yaml model.name_or_path="$WORK/qwen2.5-0.5b-shape" train.steps=10 \
   train.lr=1e-5 run.train_ranks=1 train.grad_accum=2 run.output_dir="$WORK/cli" > "$OUT/sft.log" 2>&1
