@@ -5,7 +5,8 @@ time in rl_step.py's train pass, running far below the GPU's peak at its 640-tok
 (benchmarks/RESULTS.md). This times, forward + backward at rl_step.py's micro-batch (32 sequences, Qwen2.5-0.5B's
 14 query and 2 key/value heads of 64), today's call against SDPA over the same sequences right-padded to the longest
 [B, H, T, D] with causal masking, by backend (cuDNN's, flash, memory-efficient), the padding and unpadding included;
-for each the largest difference from today's outputs and input gradients. Right padding needs no mask: under causal
+for each (and today's) the largest difference of the output and the inputs' gradients from a float32 reference (one
+SDPA per sequence by the math backend). Right padding needs no mask: under causal
 attention a real position never sees the padding after it. Two length mixes: every sequence 640 tokens (rl_step.py's
 rollouts) and 128 + uniform(0, 512) (responses that stop early).
 
@@ -45,9 +46,24 @@ def padded_attention(backend, expand_kv: bool):
     return attention
 
 
-def timed(attention, q, k, v, cu_seq_lens, max_length, repeats=20) -> tuple[float, list]:
-    grad = torch.randn_like(q)
-    for _ in range(3):
+def reference(q, k, v, cu_seq_lens, max_length, scale):
+    """The same attention in float32 by the math backend, one causal SDPA per sequence."""
+    bounds = cu_seq_lens.tolist()
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.cat([scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)), is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+            for a, b in zip(bounds, bounds[1:])])
+
+
+def varlen_kv_expanded(q, k, v, cu_seq_lens, max_length, scale):
+    """Today's call with each key/value head copied for its query heads (no grouped-query heads in the kernel)."""
+    k, v = (x.repeat_interleave(HEADS // KV_HEADS, dim=1) for x in (k, v))
+    return flash_varlen_attention(q, k, v, cu_seq_lens, max_length, scale)
+
+
+def timed(attention, q, k, v, grad, cu_seq_lens, max_length, repeats=20) -> tuple[float, list]:
+    """Median seconds of forward + backward (with the output's gradient `grad`), and the last output and gradients."""
+    for _ in range(min(3, repeats)):
         for x in (q, k, v):
             x.grad = None
         attention(q, k, v, cu_seq_lens, max_length, DIM ** -0.5).backward(grad)
@@ -81,21 +97,29 @@ def main() -> None:
         cu_seq_lens, max_length, tokens = cu_seq_lens.cuda(), int(lengths.max()), int(lengths.sum())
         q, k, v = (torch.randn(tokens, heads, DIM, device="cuda", dtype=torch.bfloat16).requires_grad_()
                    for heads in (HEADS, KV_HEADS, KV_HEADS))
-        today_s, today = timed(flash_varlen_attention, q, k, v, cu_seq_lens, max_length)
+        grad = torch.randn_like(q)  # the output's gradient, the same for every variant
+        exact = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        _, exact = timed(reference, *exact, grad.float(), cu_seq_lens, max_length, repeats=1)
+        today_s, today = timed(flash_varlen_attention, q, k, v, grad, cu_seq_lens, max_length)
         report[f"{mix}_today_varlen_s"] = today_s
+        # each one's largest difference from the float32 reference: output and the gradients of q, k, v, relative to
+        # the reference's largest entry
+        report[f"{mix}_today_varlen_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(today, exact)]
+        expanded_s, expanded = timed(varlen_kv_expanded, q, k, v, grad, cu_seq_lens, max_length)
+        report[f"{mix}_varlen_kv_expanded_s"] = expanded_s
+        report[f"{mix}_varlen_kv_expanded_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(expanded, exact)]
         for name, backend in BACKENDS.items():
             for expand_kv in (False, True):
                 key = f"{mix}_sdpa_{name}{'_kv_expanded' if expand_kv else ''}"
                 try:
-                    seconds, values = timed(padded_attention(backend, expand_kv), q, k, v, cu_seq_lens, max_length)
+                    seconds, values = timed(padded_attention(backend, expand_kv), q, k, v, grad, cu_seq_lens, max_length)
                 except RuntimeError as error:  # a backend that refuses these inputs says why
                     report[key] = f"refused: {str(error).splitlines()[0][:200]}"
                     continue
                 report[f"{key}_s"] = seconds
                 report[f"{key}_vs_today"] = today_s / seconds
                 # largest difference from today's: output and the gradients of q, k, v, relative to each one's scale
-                report[f"{key}_largest_difference"] = [float((a - b).abs().max() / b.abs().max())
-                                                        for a, b in zip(values, today)]
+                report[f"{key}_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(values, exact)]
         print(json.dumps({key: value for key, value in report.items() if key.startswith(mix)}), flush=True)
     (out / "attention_probe.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
