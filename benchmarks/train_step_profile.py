@@ -48,33 +48,33 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.events()
-    busy, end, gaps = 0.0, None, []  # microseconds covered by at least one kernel; the idle intervals between them
-    for a, b in sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA"):
-        if end is not None and a > end:
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA")
+    busy, end, gaps = 0.0, kernels[0][0], []  # microseconds covered by at least one kernel; the idle intervals
+    for a, b in kernels:
+        if a > end:
             gaps.append((end, a))
-        if end is None or b > end:
-            busy += b - max(a, end if end is not None else a)
-            end = b
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
     print(f"8 micro-batches: wall {wall:.3f} s, GPU busy {busy / 1e6:.3f} s ({busy / 1e6 / wall:.1%})", file=report)
-    # What the host was running while the GPU waited: the host ops open at each of the longest gaps' middle,
-    # outermost first, and the idle time summed by the innermost op's name over every gap of 20 us or more.
+    # What the host was running while the GPU waited: the idle time of every gap of 20 us or more summed by the
+    # innermost host op open at its middle, then the longest gaps with all the host ops open then, outermost first.
     host = [e for e in events if e.device_type.name == "CPU"]
+
+    def open_at(a: float, b: float) -> list[str]:
+        middle = (a + b) / 2
+        return [e.name for e in sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end),
+                                       key=lambda e: e.time_range.start)] or ["(no host op)"]
+
     by_op = {}
     for a, b in gaps:
-        if b - a < 20:
-            continue
-        middle = (a + b) / 2
-        open_ops = sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end), key=lambda e: e.time_range.start)
-        innermost = open_ops[-1].name if open_ops else "(no host op)"
-        by_op[innermost] = by_op.get(innermost, 0.0) + b - a
+        if b - a >= 20:
+            innermost = open_at(a, b)[-1]
+            by_op[innermost] = by_op.get(innermost, 0.0) + b - a
     print(f"idle gaps of 20 us or more: {sum(by_op.values()) / 1e3:.1f} ms, by the host's innermost op then:", file=report)
     for name, idle in sorted(by_op.items(), key=lambda item: -item[1])[:15]:
         print(f"  {idle / 1e3:8.2f} ms  {name[:110]}", file=report)
     for a, b in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:8]:
-        middle = (a + b) / 2
-        chain = [e.name[:60] for e in sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end),
-                                             key=lambda e: e.time_range.start)]
-        print(f"  gap {(b - a) / 1e3:.2f} ms: {' > '.join(chain) or '(no host op)'}", file=report)
+        print(f"  gap {(b - a) / 1e3:.2f} ms: {' > '.join(name[:60] for name in open_at(a, b))}", file=report)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), file=report)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), file=report)
     report.close()
