@@ -6,9 +6,9 @@ time in rl_step.py's train pass, running far below the GPU's peak at its 640-tok
 14 query and 2 key/value heads of 64), today's call against SDPA over the same sequences right-padded to the longest
 [B, H, T, D] with causal masking, by backend (cuDNN's, flash, memory-efficient), the padding and unpadding included;
 for each (and today's) the largest difference of the output and the inputs' gradients from a float32 reference (one
-SDPA per sequence by the math backend). Right padding needs no mask: under causal
-attention a real position never sees the padding after it. Two length mixes: every sequence 640 tokens (rl_step.py's
-rollouts) and 128 + uniform(0, 512) (responses that stop early).
+SDPA per sequence by the math backend). Right padding needs no mask: under causal attention a real position never
+sees the padding after it. Two length mixes: every sequence 640 tokens (rl_step.py's rollouts) and
+128 + uniform(0, 512) (responses that stop early).
 
     python benchmarks/attention_probe.py --out DIR
 """
@@ -61,6 +61,12 @@ def varlen_kv_expanded(q, k, v, cu_seq_lens, max_length, scale):
     return flash_varlen_attention(q, k, v, cu_seq_lens, max_length, scale)
 
 
+def largest_differences(values: list, exact: list) -> list[float]:
+    """Output and the gradients of q, k, v against the float32 reference's: each one's largest difference, relative to
+    the reference's largest entry."""
+    return [float((a - b).abs().max() / b.abs().max()) for a, b in zip(values, exact)]
+
+
 def timed(attention, q, k, v, grad, cu_seq_lens, max_length, repeats=20) -> tuple[float, list]:
     """Median seconds of forward + backward (with the output's gradient `grad`), and the last output and gradients."""
     for _ in range(min(3, repeats)):
@@ -102,12 +108,10 @@ def main() -> None:
         _, exact = timed(reference, *exact, grad.float(), cu_seq_lens, max_length, repeats=1)
         today_s, today = timed(flash_varlen_attention, q, k, v, grad, cu_seq_lens, max_length)
         report[f"{mix}_today_varlen_s"] = today_s
-        # each one's largest difference from the float32 reference: output and the gradients of q, k, v, relative to
-        # the reference's largest entry
-        report[f"{mix}_today_varlen_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(today, exact)]
+        report[f"{mix}_today_varlen_vs_float32"] = largest_differences(today, exact)
         expanded_s, expanded = timed(varlen_kv_expanded, q, k, v, grad, cu_seq_lens, max_length)
         report[f"{mix}_varlen_kv_expanded_s"] = expanded_s
-        report[f"{mix}_varlen_kv_expanded_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(expanded, exact)]
+        report[f"{mix}_varlen_kv_expanded_vs_float32"] = largest_differences(expanded, exact)
         for name, backend in BACKENDS.items():
             for expand_kv in (False, True):
                 key = f"{mix}_sdpa_{name}{'_kv_expanded' if expand_kv else ''}"
@@ -118,8 +122,7 @@ def main() -> None:
                     continue
                 report[f"{key}_s"] = seconds
                 report[f"{key}_vs_today"] = today_s / seconds
-                # largest difference from today's: output and the gradients of q, k, v, relative to each one's scale
-                report[f"{key}_vs_float32"] = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(values, exact)]
+                report[f"{key}_vs_float32"] = largest_differences(values, exact)
         print(json.dumps({key: value for key, value in report.items() if key.startswith(mix)}), flush=True)
     (out / "attention_probe.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
