@@ -296,6 +296,12 @@ def main() -> None:
     if reference:  # the standalone engine has one GPU's share of the prompts
         result |= {"rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
                    "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"]}
+    if args.shape == "0.5b" and gpus == 1 and not args.overrides:  # issue 16's targets, for the default config only
+        result["targets_met"] = {
+            "training_phase_mfu >= 0.40": result["training_phase_mfu"] >= 0.40,
+            "rollout_vs_standalone >= 0.95": result["rollout_vs_standalone"] >= 0.95 if reference else None,
+            "refresh_share <= 0.01": result["refresh_share"] <= 0.01,
+            "trainer_peak_memory_gb <= 28.4": result["trainer_peak_memory_gb"] <= 28.4}
     (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
     console = Console()
     for p in phases:
@@ -305,6 +311,8 @@ def main() -> None:
         value = result.get(key)
         value = float("nan") if value is None else value
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
+    for target, met in result.get("targets_met", {}).items():
+        console.print(f"target {target}: {'not run' if met is None else 'met' if met else 'NOT met'}")
 
 
 def _parameter_count(folder: Path) -> int:
