@@ -6,8 +6,8 @@ under ZeRO-3 (whose shards are what lets the 32B shape train at all; offload by 
 step's trained tokens: PROMPTS x SAMPLES sequences of PROMPT_TOKENS + NEW_TOKENS tokens (a prompt of PROMPT_TOKENS, the
 loss on its completion, cut at data.max_len), in micro-batches of 16. Reported, as the median over the steps after the
 first (which compiles and allocates): the step's seconds, tokens/s in all and per GPU (every token goes forward and
-backward), MFU (6 N FLOPs per token, parameters only, against 989 TFLOP/s dense bf16 per GPU) and the largest peak
-GPU memory of a trainer rank.
+backward), MFU (6 N FLOPs per token, 4 N with LoRA, parameters only, against 989 TFLOP/s dense bf16 per GPU) and the
+largest peak GPU memory of a trainer rank.
 
     python benchmarks/sl_step.py --out DIR [--shape 0.5b|7b|32b] [--gpus N] [--steps S] [KEY=VALUE ...]
     # overrides as for `oxrl train sl`, e.g. model.gradient_checkpointing=true train.micro_batch_size=2
@@ -61,11 +61,13 @@ def main() -> None:
     step_s = statistics.median(h["step_time_s"] for h in measured)
     tokens_per_s = statistics.median(h["tokens_per_s"] for h in measured)
     n_params = _parameter_count(model)
+    # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights'
+    flops_per_token = (4 if config.lora.enabled else 6) * n_params
     peaks = [h["trainer_peak_memory_gb"] for h in history if "trainer_peak_memory_gb" in h]  # on GPUs
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": args.gpus,
               "shape": args.shape, "overrides": args.overrides, "params": n_params, "step_s": step_s,
               "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / args.gpus,
-              "mfu": 6 * n_params * tokens_per_s / (PEAK_FLOPS * args.gpus),
+              "mfu": flops_per_token * tokens_per_s / (PEAK_FLOPS * args.gpus),
               "trainer_peak_memory_gb": max(peaks) if peaks else None,
               "per_step": [{key: h.get(key) for key in ("step_time_s", "tokens_per_s", "loss", "trainer_peak_memory_gb")}
                            for h in history]}

@@ -110,6 +110,35 @@ def test_a_tensor_parallel_engine_over_two_gpus_takes_each_refresh_from_the_rank
     assert {name for name in os.listdir("/dev/shm") if not name.startswith("cuda.shm.")} <= shared_memory
 
 
+@pytest.mark.parametrize("ranks, tensor_parallel, extra", [(1, 1, ()), (2, 2, ("deepspeed.zero_stage=3",))],
+                         ids=["one-rank-one-engine", "zero3-two-ranks-tp2-engine"])
+def test_split_engines_on_their_own_gpus_take_each_refresh_by_nccl_broadcast(tmp_path, tiny_model_dir, oxrl, ranks,
+                                                                              tensor_parallel, extra):
+    """The split layout on GPUs: trainer ranks on some GPUs, a vLLM engine on others, and every refresh broadcast by
+    NCCL from trainer rank 0 to each engine worker (ZeRO-3: the ranks gather each weight first; tensor parallelism 2:
+    each worker takes the whole weights and keeps its shard). Three steps at a large learning rate: steps 2 and 3
+    sample from refreshed engines."""
+    gpus = ranks + tensor_parallel
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  f"run.train_ranks={ranks}", "rollout.placement=split", "rollout.engines=1",
+                  f"rollout.tensor_parallel_size={tensor_parallel}", f"run.output_dir={tmp_path}", "run.name=split",
+                  "train.steps=3", "train.lr=1e-2", "train.batch_size=32", f"train.micro_batch_size={16 // ranks}",
+                  "train.grad_accum=2", "data.val=null", "reward.func=rl_test_rewards:digit_share", *extra, env=TEST_REWARD)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = history(tmp_path / "split")
+    gaps = [h["logprob_gap_abs"] for h in steps]
+    print(f"split, {ranks} rank(s) + an engine of tensor parallelism {tensor_parallel}: sampler-trainer logprob gap per "
+          f"step {gaps}, refresh seconds {[h['time_refresh_s'] for h in steps]}")
+    assert [h["policy_version"] for h in steps] == [1, 2, 3] and all(gap < BF16_LOGPROB_GAP for gap in gaps[1:])
+    placement = json.loads((tmp_path / "split" / "placement.json").read_text())
+    assert placement["mode"] == "split" and "NCCL broadcast" in placement["placement"]
+    rank_gpus = {g for r in placement["ranks"] for g in r["gpus"]}
+    engine_gpus = {g for w in placement["engines"][0] for g in w["gpus"]}
+    assert len(rank_gpus) == ranks and len(engine_gpus) == tensor_parallel and not rank_gpus & engine_gpus
+
+
 def test_online_dpo_samples_with_vllm_in_the_sl_loop_on_one_gpu(tmp_path, tiny_model_dir, oxrl):
     result = oxrl(*sl("online-dpo", tiny_model_dir, tmp_path, "odpo", "train.steps=3", "data.val=null",
                       "reward.func=rl_test_rewards:digit_share"), env=TEST_REWARD)
