@@ -118,6 +118,8 @@ class TrainEngine:
                 model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load)
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, **load)
+        if self.zero3:
+            rope_in_float32(model)
         if config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
@@ -156,6 +158,7 @@ class TrainEngine:
             model.requires_grad_(False)
             head = LogprobsHead.replace_output_layer(model)
             if self.zero3:
+                rope_in_float32(model)
                 model = deepspeed.initialize(model=model, config=ds_config)[0]
             return model.to(self.engine.device), head
 
@@ -444,6 +447,19 @@ def merged_lora_weight(weight: torch.Tensor, lora_layer) -> torch.Tensor:
     tensor with autograd history cannot cross processes (CUDA IPC's `reduce_tensor` refuses it)."""
     with torch.no_grad():
         return weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
+
+
+def rope_in_float32(model: torch.nn.Module) -> None:
+    """Rebuild each rotary embedding's buffers in float32. ZeRO-3 builds a model partitioned (zero.Init), which makes
+    every floating tensor created in a module's __init__ bf16, RoPE's inverse frequencies too: made there and never
+    loaded from a checkpoint, they come out 0.4% off, which turns position 640's fastest angle by 2.5 radians.
+    Transformers' rotary modules take their config alone; rebuilt here, outside zero.Init, they compute in float32.
+    Known upstream since 2024 (DeepSpeed issue 4932, transformers issue 28596), still so in DeepSpeed 0.19."""
+    for module in model.modules():
+        if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(module, name, buffer.to(module.inv_freq.device))
 
 
 def _adamw(params, lr: float, weight_decay: float, on_gpu: bool, offloaded: bool) -> torch.optim.Optimizer:
