@@ -1,8 +1,9 @@
 """ZeRO-3 builds a model partitioned (DeepSpeed's zero.Init), which turns every floating tensor made in a module's
 __init__ into the training dtype, RoPE's inverse frequencies too: computed there, never loaded from a checkpoint,
-in bf16 they were 0.4% off, enough to turn position 640's fastest angle by 2.5 radians. The trainer then disagreed
-with vLLM on every long sequence (H100s: a logprob gap of 0.17 a token for a 7B under ZeRO-3 against 0.03 under
-ZeRO-2, 0.53 for a 32B; benchmarks/RESULTS.md). Real DeepSpeed, one gloo rank on the CPU, the tiny model in bf16."""
+in bf16 they were up to 0.6% off (Qwen2.5's: angles off by up to 0.74 rad at position 639). The trainer then disagreed
+with vLLM on long sequences: the likely cause of ZeRO-3's logprob gaps on GPUs (0.17 a token for a 7B on H200s
+against 0.03 under ZeRO-2, 0.53 for a 32B on H100s; benchmarks/RESULTS.md). Real DeepSpeed, one gloo rank on the CPU,
+the tiny model in bf16."""
 
 import os
 import subprocess
@@ -33,9 +34,11 @@ def run(zero_stage):
         "train": {"alg": "sgrpo", "kl_coeff": 0.1, "batch_size": 1, "micro_batch_size": 1, "grad_accum": 1},
         "data": {"train": [{"path": "unused.jsonl"}]}})
     engine = TrainEngine(config, path, 0, 1, ("127.0.0.1", port), out / "logs")
-    rotary = {f"{which}.{name.removeprefix('module.')}": buffer.cpu() for which, model in (("policy", engine.engine.module), ("reference", engine.reference))
+    models = {"policy": engine.engine.module, "reference": engine.reference}  # ZeRO-3 wraps the reference ("module.")
+    rotary = {f"{which}.{name.removeprefix('module.')}": buffer.cpu() for which, model in models.items()
               for name, buffer in model.named_buffers() if "inv_freq" in name}
-    result = {"rotary": rotary, "policy": engine.token_logprobs(batch)[0], "reference": engine.token_logprobs(batch, reference=True)[0]}
+    result = {"rotary": rotary, "policy": engine.token_logprobs(batch)[0],
+              "reference": engine.token_logprobs(batch, reference=True)[0]}
     del engine
     gc.collect()
     return result
