@@ -276,9 +276,7 @@ def main() -> None:
     shape = QWEN25_SHAPES[args.shape]
     attention = 4 * shape["num_hidden_layers"] * shape["hidden_size"] * (PROMPT_TOKENS + step["response_length"])
     phase_s = step["time_train_s"] + step["time_logprobs_s"]
-    # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights' (LoRA's own
-    # weights are negligible beside them)
-    train_flops = (4 if config.lora.enabled else 6) * n_params
+    train_flops = train_flops_per_token(config, n_params)
     gpus, peak = args.gpus, PEAK_FLOPS * ranks  # the training phase runs on the ranks' GPUs (split: not the engines')
     result |= {
         "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
@@ -313,6 +311,12 @@ def main() -> None:
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
     for target, met in result.get("targets_met", {}).items():
         console.print(f"target {target}: {'not run' if met is None else 'met' if met else 'NOT met'}")
+
+
+def train_flops_per_token(config, n_params: int) -> int:
+    """Forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights' (LoRA's own
+    weights are negligible beside them)."""
+    return (4 if config.lora.enabled else 6) * n_params
 
 
 def _parameter_count(folder: Path) -> int:

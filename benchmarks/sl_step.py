@@ -25,7 +25,7 @@ from rich.console import Console
 from oxrl_core.config import load_sl_config
 from oxrl_core.loops.sl import train_sl
 from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
-                     workload_parser, write_prompts)
+                     train_flops_per_token, workload_parser, write_prompts)
 
 MICRO_BATCH = 16
 
@@ -61,13 +61,11 @@ def main() -> None:
     step_s = statistics.median(h["step_time_s"] for h in measured)
     tokens_per_s = statistics.median(h["tokens_per_s"] for h in measured)
     n_params = _parameter_count(model)
-    # forward 2N, backward 2N for the activations' gradients and, without LoRA, 2N for the weights'
-    flops_per_token = (4 if config.lora.enabled else 6) * n_params
     peaks = [h["trainer_peak_memory_gb"] for h in history if "trainer_peak_memory_gb" in h]  # on GPUs
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": args.gpus,
               "shape": args.shape, "overrides": args.overrides, "params": n_params, "step_s": step_s,
               "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / args.gpus,
-              "mfu": flops_per_token * tokens_per_s / (PEAK_FLOPS * args.gpus),
+              "mfu": train_flops_per_token(config, n_params) * tokens_per_s / (PEAK_FLOPS * args.gpus),
               "trainer_peak_memory_gb": max(peaks) if peaks else None,
               "per_step": [{key: h.get(key) for key in ("step_time_s", "tokens_per_s", "loss", "trainer_peak_memory_gb")}
                            for h in history]}

@@ -27,6 +27,13 @@ def history(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "summary.json").read_text())["history"]
 
 
+def rl(alg: str, tiny_model_dir, out: Path, name: str, *overrides: str) -> list[str]:
+    """Three steps at a large learning rate on the CPU suite's test reward (run with env=TEST_REWARD)."""
+    return ["train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+            f"run.output_dir={out}", f"run.name={name}", "train.steps=3", "train.lr=1e-2", "train.batch_size=32",
+            "train.grad_accum=2", "data.val=null", "reward.func=rl_test_rewards:digit_share", *overrides]
+
+
 def sl(alg: str, tiny_model_dir, out: Path, name: str, *overrides: str) -> list[str]:
     return ["train", "sl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
             "run.train_ranks=1", "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1",
@@ -70,10 +77,8 @@ def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path
     """Three steps at a large learning rate: after each refresh (CUDA IPC, same GPU) vLLM's logprobs of its own
     samples must equal the trainer's within bf16 noise. LoRA runs failed at the first refresh before the merge was
     made without autograd history."""
-    result = oxrl("train", "rl", "--alg", alg, "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  "run.train_ranks=1", f"run.output_dir={tmp_path}", f"run.name={alg}", "train.steps=3", "train.lr=1e-2",
-                  f"lora.enabled={str(lora).lower()}", "train.batch_size=32", "train.micro_batch_size=16", "train.grad_accum=2",
-                  "data.val=null", "reward.func=rl_test_rewards:digit_share", *extra, env=TEST_REWARD)
+    result = oxrl(*rl(alg, tiny_model_dir, tmp_path, alg, "run.train_ranks=1", f"lora.enabled={str(lora).lower()}",
+                      "train.micro_batch_size=16", *extra), env=TEST_REWARD)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(tmp_path / alg)
     gaps = [h["logprob_gap_abs"] for h in steps]
@@ -93,10 +98,8 @@ def test_a_tensor_parallel_engine_over_two_gpus_takes_each_refresh_from_the_rank
     Three steps at a large learning rate: steps 2 and 3 sample from both workers' refreshed shards. The workers'
     shared memory (vLLM's message queue) is gone after the run."""
     shared_memory = set(os.listdir("/dev/shm"))
-    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  "run.train_ranks=2", "rollout.tensor_parallel_size=2", "rollout.placement=colocated", f"run.output_dir={tmp_path}",
-                  "run.name=tp", "train.steps=3", "train.lr=1e-2", "train.batch_size=32", "train.micro_batch_size=8",
-                  "train.grad_accum=2", "data.val=null", "reward.func=rl_test_rewards:digit_share", env=TEST_REWARD)
+    result = oxrl(*rl("cispo", tiny_model_dir, tmp_path, "tp", "run.train_ranks=2", "rollout.tensor_parallel_size=2",
+                      "rollout.placement=colocated", "train.micro_batch_size=8"), env=TEST_REWARD)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(tmp_path / "tp")
     gaps = [h["logprob_gap_abs"] for h in steps]
@@ -121,11 +124,9 @@ def test_split_engines_on_their_own_gpus_take_each_refresh_by_nccl_broadcast(tmp
     gpus = ranks + tensor_parallel
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} GPUs")
-    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"run.train_ranks={ranks}", "rollout.placement=split", "rollout.engines=1",
-                  f"rollout.tensor_parallel_size={tensor_parallel}", f"run.output_dir={tmp_path}", "run.name=split",
-                  "train.steps=3", "train.lr=1e-2", "train.batch_size=32", f"train.micro_batch_size={16 // ranks}",
-                  "train.grad_accum=2", "data.val=null", "reward.func=rl_test_rewards:digit_share", *extra, env=TEST_REWARD)
+    result = oxrl(*rl("cispo", tiny_model_dir, tmp_path, "split", f"run.train_ranks={ranks}", "rollout.placement=split",
+                      "rollout.engines=1", f"rollout.tensor_parallel_size={tensor_parallel}",
+                      f"train.micro_batch_size={16 // ranks}", *extra), env=TEST_REWARD)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(tmp_path / "split")
     gaps = [h["logprob_gap_abs"] for h in steps]
