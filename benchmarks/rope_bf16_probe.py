@@ -43,7 +43,7 @@ def main() -> None:
 
         gap = (logprobs(in_bf16) - logprobs(in_float32)).abs()
         print(json.dumps({"shape": name, "seed": args.seed, "layers": 2, "mean_abs_gap": round(gap.mean().item(), 4),
-                          "first_64": round(gap[:63].mean().item(), 4), "last_128": round(gap[-128:].mean().item(), 4),
+                          "first_64": round(gap[:64].mean().item(), 4), "last_128": round(gap[-128:].mean().item(), 4),
                           "inv_freq_max_rel_error": round(((in_bf16 - in_float32).abs() / in_float32).max().item(), 4)}),
               flush=True)
         del model
