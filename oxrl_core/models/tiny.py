@@ -1,9 +1,15 @@
-"""The built-in tiny model `oxrl-tiny`: built locally in seconds, never downloaded.
+"""The built-in tiny models `oxrl-tiny` and `oxrl-tiny-vl`: built locally in seconds, never downloaded.
 
-A 2-layer Qwen2 (hidden 128, 2 heads, 1 KV head: head_dim 64, which vLLM's CPU
-kernels need) with tied embeddings and seeded random weights, and a byte-level
-BPE tokenizer trained on a small built-in corpus, with a ChatML template and
-`<|im_end|>` as EOS. The same files come out of every build.
+`oxrl-tiny`: a 2-layer Qwen2 (hidden 128, 2 heads, 1 KV head: head_dim 64, which
+vLLM's CPU kernels need) with tied embeddings and seeded random weights, and a
+byte-level BPE tokenizer trained on a small built-in corpus, with a ChatML
+template and `<|im_end|>` as EOS.
+
+`oxrl-tiny-vl`: the same language model inside a Qwen2-VL (3-D M-RoPE), with a
+2-block vision tower (14-pixel patches, 2x2 merged: one image token per 28x28
+pixels), Qwen's vision tokens in the tokenizer, a template that renders
+`{"type": "image"}` parts as Qwen's, and its processor (image processor + chat
+template) saved beside it. The same files come out of every build.
 """
 
 import os
@@ -14,12 +20,27 @@ from pathlib import Path
 from oxrl_core.errors import OxrlError
 
 TINY_MODEL_NAME = "oxrl-tiny"
+TINY_VL_MODEL_NAME = "oxrl-tiny-vl"
 COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is a whole build
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # Qwen's ChatML template without its tool support and without a default system message.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# The same, with a message's content either a string or a list of parts: text, or an image (Qwen2-VL's markers).
+CHATML_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -29,12 +50,13 @@ CHATML_TEMPLATE = (
 QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
-def resolve_tiny_model() -> Path:
-    """`$OXRL_CHECKPOINT_DIR/oxrl-tiny`, built on first use."""
-    return build_tiny_model(Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / TINY_MODEL_NAME)
+def resolve_tiny_model(name: str = TINY_MODEL_NAME) -> Path:
+    """`$OXRL_CHECKPOINT_DIR/<name>` (`oxrl-tiny` or `oxrl-tiny-vl`), built on first use."""
+    return build_tiny_model(Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / name,
+                            vision=name == TINY_VL_MODEL_NAME)
 
 
-def build_tiny_model(path: Path) -> Path:
+def build_tiny_model(path: Path, vision: bool = False) -> Path:
     """Build the model and tokenizer into `path` unless a complete build is there.
 
     Built in a temporary sibling and renamed into place, so that concurrent
@@ -47,7 +69,7 @@ def build_tiny_model(path: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the build is read like any other model folder
     try:
-        _write_model(staging)
+        (_write_vision_model if vision else _write_model)(staging)
         (staging / COMPLETE_MARKER).write_text("")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -81,6 +103,34 @@ def _write_model(folder: Path) -> None:
         Qwen2ForCausalLM(config).save_pretrained(folder)
 
 
+def _write_vision_model(folder: Path) -> None:
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+
+    tokenizer = _train_tokenizer(vision=True)
+    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+    config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            # M-RoPE: the 32 rotary frequencies of a 64-wide head split over (time, height, width)
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id),
+        vision_config=dict(depth=2, embed_dim=64, num_heads=1, mlp_ratio=2, hidden_size=128, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
+    # Small images: at least 2x2 and at most 16x16 image tokens (56x56 to 448x448 pixels).
+    images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=448 * 448)
+    Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+
+
 def _corpus() -> list[str]:
     """Text the tokenizer learns from: arithmetic in the demo's format, digits, plain English."""
     lines = [f"What is {a} + {b}? <answer>{a + b}</answer> What is {a} - {b}? <answer>{a - b}</answer>"
@@ -96,7 +146,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer():
+def _train_tokenizer(vision: bool = False):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -107,10 +157,11 @@ def _train_tokenizer():
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS + (VISION_TOKENS if vision else []),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"], chat_template=CHATML_TEMPLATE, model_max_length=1024,
+        additional_special_tokens=["<|im_start|>", *(VISION_TOKENS if vision else [])],
+        chat_template=CHATML_VL_TEMPLATE if vision else CHATML_TEMPLATE, model_max_length=1024,
     )

@@ -14,14 +14,15 @@ def test_config_reference_in_readme_is_generated_from_the_schema():
     assert block == reference_markdown().strip(), "stale: run python -m oxrl_core.config.reference README.md"
 
 
-def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_test_one():
+def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite():
     first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
     commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
     assert commands == ["make demo", "make test"]
     makefile = (REPO / "Makefile").read_text()
     assert "\ndemo: install\n\t.venv/bin/oxrl demo\n" in makefile and "\ntest: install\n" in makefile
+    assert "\ntest-all: install\n" in makefile and "`make test-all`" in README
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
-    assert ci == ["make test"]
+    assert ci == ["make test-all"]
 
 
 def test_readme_train_commands_validate(tmp_path, monkeypatch):

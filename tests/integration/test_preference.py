@@ -45,6 +45,7 @@ def test_preference_example_raises_reward_accuracy_and_margin(oxrl, tiny_model_d
     assert_preference_learned(run_example(oxrl, alg, tiny_model_dir, tmp_path))
 
 
+@pytest.mark.quick
 def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed_logprobs(oxrl_side_by_side,
                                                                                          tiny_model_dir, tmp_path):
     """The dpo example runs ZeRO-3 on 2 ranks; the frozen reference model gives the same steps as precomputed sums."""

@@ -60,7 +60,7 @@ def history(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "summary.json").read_text())["history"]
 
 
-@pytest.mark.parametrize("alg, extra", [("cispo", ()), ("sgrpo", ("train.kl_coeff=0.05",)),
+@pytest.mark.parametrize("alg, extra", [pytest.param("cispo", (), marks=pytest.mark.quick), ("sgrpo", ("train.kl_coeff=0.05",)),
                                         ("ppo", ("train.kl_coeff=0.05", "train.entropy_coeff=0.01")),
                                         ("ppo", ("lora.enabled=true", "lora.r=8"))], ids=["cispo", "sgrpo", "ppo", "ppo-lora"])
 def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):

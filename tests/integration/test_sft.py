@@ -199,6 +199,7 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
     assert f"{data}:2:" in strict.stderr and "Traceback" not in strict.stderr
 
 
+@pytest.mark.quick
 def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
     result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=2", f"run.output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
