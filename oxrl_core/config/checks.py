@@ -43,6 +43,9 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
 
+    if config.lora.enabled and not config.model.freeze_vision:
+        raise OxrlError("model.freeze_vision=false: needs full weights (lora.enabled=false); LoRA adapts the language model "
+                        "and leaves the vision encoder as it is")
     if config.reward.func != "judge" and config.reward.judge != JudgeSection():
         raise OxrlError(f"reward.judge: set, but reward.func={config.reward.func!r}; the judge's settings apply with reward.func=judge")
 

@@ -30,7 +30,7 @@ class ModelSection(Section):
     attn_implementation: Literal["varlen", "sdpa", "eager", "flash_attention_2"] = Field(
         "varlen", description="varlen: each micro-batch's sequences packed end to end, no padding, attention within each "
                               "(torch's varlen_attn on CUDA); the others: padded micro-batches through transformers' kernel "
-                              "of that name. A reward model always runs padded (sdpa for varlen).")
+                              "of that name. A reward model and a vision-language model always run padded (sdpa for varlen).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     compile: Literal["auto"] | bool = Field(
         "auto", description="Compile the training model's decoder layers with torch.compile (inductor): faster steps after "
@@ -38,6 +38,8 @@ class ModelSection(Section):
                             "`auto` is on for GPUs except under ZeRO-3 (its hooks cut each layer into pieces and add "
                             "host time), off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
+    freeze_vision: bool = Field(True, description="Vision-language models: keep the vision encoder (and its merger) frozen; "
+                                                  "false trains it too (full weights only: LoRA adapts the language model).")
 
 
 class LoraSection(Section):

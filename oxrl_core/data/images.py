@@ -20,12 +20,12 @@ placeholder `<|image_pad|>` stands for (H / 28) x (W / 28) image tokens.
 import base64
 import binascii
 import io
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import torch
 
 IMAGE_FIELDS = ("images", "image")
 MESSAGE_FIELDS = ("messages", "prompt", "completion", "chosen", "rejected")
@@ -55,15 +55,16 @@ class ImagePolicy:
 
 @lru_cache(maxsize=8)
 def _policy_of_folder(folder: str) -> ImagePolicy | None:
-    path = Path(folder) / "preprocessor_config.json"
-    if not path.is_file():
+    from transformers import AutoConfig, AutoImageProcessor
+
+    if getattr(AutoConfig.from_pretrained(folder), "vision_config", None) is None:
         return None
-    config = json.loads(path.read_text())
-    if "merge_size" not in config or "patch_size" not in config:
-        return None  # an image processor of another family
-    size = config.get("size") or {}
-    return ImagePolicy("<|image_pad|>", -1, config["patch_size"] * config["merge_size"],
-                       config.get("min_pixels") or size["shortest_edge"], config.get("max_pixels") or size["longest_edge"])
+    processor = AutoImageProcessor.from_pretrained(folder)
+    if not hasattr(processor, "merge_size"):
+        raise ValueError(f"{folder}: {type(processor).__name__} is not a Qwen-VL image processor; oxrl trains the "
+                         "Qwen2-VL family's images (Qwen2-VL, Qwen2.5-VL)")
+    return ImagePolicy("<|image_pad|>", -1, processor.patch_size * processor.merge_size, processor.size["shortest_edge"],
+                       processor.size["longest_edge"])  # transformers keeps min_pixels and max_pixels in `size`
 
 
 def image_policy(tokenizer) -> ImagePolicy | None:
@@ -168,7 +169,7 @@ def _read(value, folder: Path, index: int):
         path = path if path.is_absolute() else folder / path
         if value.startswith("data:image/"):
             value = value.partition(",")[2]
-        elif len(value) < 1024 and path.is_file():
+        elif _is_file(path):
             value = path.read_bytes()
             name = f"image {index} ({path})"
         if isinstance(value, str):
@@ -187,6 +188,13 @@ def _read(value, folder: Path, index: int):
         raise ValueError(f"{name}: not a decodable image ({str(e).splitlines()[0][:120]})") from None
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for a path: base64 data
+        return False
+
+
 def _sized(image, policy: ImagePolicy, index: int) -> np.ndarray:
     from PIL import Image
 
@@ -196,4 +204,25 @@ def _sized(image, policy: ImagePolicy, index: int) -> np.ndarray:
         raise ValueError(f"image {index}: {image.width}x{image.height}: {e}") from None
     if (height, width) != (image.height, image.width):
         image = image.resize((width, height), Image.Resampling.BICUBIC)
-    return np.asarray(image, dtype=np.uint8)
+    return np.array(image, dtype=np.uint8)  # writable: torch.from_numpy warns of a read-only array
+
+
+def vision_inputs(batch: dict, image_processor, image_token_id: int) -> dict:
+    """What the model reads of a micro-batch's images, made by its own image processor: `pixel_values` [patches, C x T
+    x P x P] and `image_grid_thw` [images, 3]; `mm_token_type_ids` [B, T], 1 on each row's image tokens (Qwen's M-RoPE
+    positions come from them); `model_input_ids` [B, T]: the ids with any placeholder that is not an image's replaced
+    by id 0. Such a placeholder was sampled by the policy, which the engines stop at (rollout/engine.py): it ends its
+    sequence, so what the model reads there changes no trained logprob, while read as a placeholder it would make the
+    model look for an image that is not there. A row's image tokens are its first placeholders, as many as its
+    images have tokens: every image precedes what the policy wrote."""
+    processed = image_processor(images=batch["images"], return_tensors="pt")
+    grid = processed["image_grid_thw"]  # [images, 3]
+    tokens = (grid.prod(-1) // image_processor.merge_size**2).split(batch["image_counts"].tolist())
+    ids = batch["input_ids"]
+    is_image = torch.zeros_like(ids)
+    for row, row_tokens in enumerate(tokens):
+        places = (ids[row] == image_token_id).nonzero().flatten()[:int(row_tokens.sum())]
+        is_image[row, places] = 1
+    model_ids = torch.where((ids == image_token_id) & (is_image == 0), 0, ids)
+    return {"pixel_values": processed["pixel_values"], "image_grid_thw": grid, "mm_token_type_ids": is_image,
+            "model_input_ids": model_ids}

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from oxrl_core.data.records import DataReport, _as_turns, check_messages, load_examples, sft_messages
-from oxrl_core.data.sft import SFTExample, chat_template_ids, collate_sft, tokenize_completion
+from oxrl_core.data.sft import SFTExample, chat_template_ids, collate_sft, content_text, tokenize_completion
 from oxrl_core.errors import OxrlError
 
 
@@ -58,7 +58,7 @@ def preference_pair(record: dict, tokenizer, max_len: int) -> PairExample:
 def load_preference_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tuple[list[PairExample], DataReport]:
     """Tokenized preference pairs of a file; bad records are skipped and reported (fatal when `strict`)."""
     _require_chat_template(tokenizer, path, "preference")
-    return load_examples(path, lambda record: preference_pair(record, tokenizer, max_len), strict, "preference")
+    return load_examples(path, lambda record: preference_pair(record, tokenizer, max_len), strict, "preference", tokenizer)
 
 
 @dataclass
@@ -101,7 +101,7 @@ def load_unpaired_examples(
         prompt, completion = _prompt_turns(record["prompt"]), _completion_turns(record["completion"], "completion")
         return _Unpaired(prompt, completion, tokenize_completion(prompt, completion, tokenizer, max_len), label)
 
-    records, report = load_examples(path, convert, strict, "unpaired")
+    records, report = load_examples(path, convert, strict, "unpaired", tokenizer)
     if len(records) < 2:
         raise OxrlError(f"{path}: 1 usable unpaired record; KTO needs at least 2, because it estimates its KL "
                         "baseline from each prompt paired with another record's completion")
@@ -173,7 +173,7 @@ def _completion_turns(value, name: str) -> list[dict]:
     """A completion as messages; ValueError unless it starts with an assistant message and one has content."""
     turns = _as_turns(value, "assistant", name)
     check_messages(turns)
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in turns):
+    if not any(m["role"] == "assistant" and content_text(m["content"]).strip() for m in turns):
         raise ValueError(f"empty completion in {name!r}: no assistant message with content")
     if turns[0]["role"] != "assistant":
         raise ValueError(f"the completion in {name!r} (what follows the prompt) must start with an assistant message, "
@@ -224,4 +224,4 @@ def load_demonstrations(path, tokenizer, max_len: int, max_prompt_len: int, stri
             raise ValueError(f"prompt is {len(prompt_ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
         return Demonstration(prompt_ids, chosen)
 
-    return load_examples(Path(path), convert, strict, "SPIN")
+    return load_examples(Path(path), convert, strict, "SPIN", tokenizer)

@@ -5,7 +5,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from oxrl_core.data.sft import SFTExample, chat_template_ids, tokenize_sft
+import numpy as np
+
+from oxrl_core.data.images import bind_images, has_images, image_policy, message_images
+from oxrl_core.data.sft import SFTExample, chat_template_ids, content_text, tokenize_sft
 from oxrl_core.errors import OxrlError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -89,16 +92,30 @@ def sft_messages(record: dict) -> list[dict]:
     else:
         raise ValueError(f"no 'messages' or 'prompt'/'completion' fields (found: {', '.join(sorted(record)) or 'none'})")
     check_messages(messages)
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+    if not any(m["role"] == "assistant" and content_text(m["content"]).strip() for m in messages):
         raise ValueError("empty response: no assistant message with content")
     return messages
 
 
 def check_messages(messages: list) -> None:
-    """ValueError unless every message is {role, content} with a known role and string content."""
+    """ValueError unless every message is {role, content} with a known role, and content a string or a list of parts:
+    {"type": "text", "text": string}, or {"type": "image"} holding its image (bound from the record's `images`),
+    in a user or system message."""
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string}}, got {m!r:.80}")
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str | list):
+            raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string or list of parts}}, "
+                             f"got {m!r:.80}")
+        for part in m["content"] if isinstance(m["content"], list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            if kind != "image":
+                raise ValueError(f"message {i}: a content part must be {{type: text, text: string}} or {{type: image}}, "
+                                 f"got {part!r:.80}")
+            if not isinstance(part.get("image"), np.ndarray):
+                raise ValueError(f"message {i} has an image part but the record has no 'images' (or 'image') field")
+            if m["role"] not in ("user", "system"):
+                raise ValueError(f"message {i}: images go in user or system messages, not in a {m['role']} message")
 
 
 def _as_turns(value, role: str, name: str) -> list:
@@ -119,13 +136,14 @@ def load_sft_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tupl
     """Tokenized SFT examples of a file; bad records are skipped and reported (fatal when `strict`)."""
     if not tokenizer.chat_template:
         raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; SFT records ({path}) are rendered with it")
-    return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len), strict, "SFT")
+    return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len), strict, "SFT", tokenizer)
 
 
 @dataclass
 class PromptExample:
     prompt_ids: list[int]
     record: dict  # the whole record: the reward reads its ground truth (answer, tests, ...)
+    images: tuple[np.ndarray, ...] = ()  # the prompt's images, sized (data/images.py), in order
 
 
 def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tuple[list[PromptExample], DataReport]:
@@ -142,18 +160,23 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
         ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
         if len(ids) > max_prompt_len:
             raise ValueError(f"prompt is {len(ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
-        return PromptExample(ids, record)
+        return PromptExample(ids, record, tuple(message_images(messages)))
 
-    return load_examples(path, convert, strict, "prompt")
+    return load_examples(path, convert, strict, "prompt", tokenizer)
 
 
-def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, kind: str) -> tuple[list, DataReport]:
-    """`convert` every record of a file; a ValueError becomes a problem tied to the record's line."""
+def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, kind: str,
+                  tokenizer=None) -> tuple[list, DataReport]:
+    """`convert` every record of a file; a ValueError becomes a problem tied to the record's line. With the model's
+    `tokenizer`, a record's images are read and sized first (data/images.py), into its image parts."""
     records, problems = read_records(path)
     total = len(records) + len(problems)
+    policy = image_policy(tokenizer) if tokenizer is not None else None
     examples = []
     for number, record in records:
         try:
+            if tokenizer is not None and has_images(record):
+                record = bind_images(record, Path(path).parent, policy)
             examples.append(convert(record))
         except ValueError as e:
             problems.append(DataProblem(str(path), number, str(e)))

@@ -3,13 +3,22 @@
 from dataclasses import dataclass
 
 import jinja2
+import numpy as np
 import torch
+
+from oxrl_core.data.images import expand_image_tokens, image_policy, message_images
 
 
 @dataclass
 class SFTExample:
     input_ids: list[int]
     target_mask: list[int]  # 1 where the token is a response token the loss trains on
+    images: tuple[np.ndarray, ...] = ()  # uint8 [H, W, 3] each, sized (data/images.py): one per run of image tokens, in order
+
+
+def content_text(content: str | list[dict]) -> str:
+    """A message's text: its content, or the text parts of a content list (images left out)."""
+    return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
 def tokenize_sft(messages: list[dict], tokenizer, max_len: int) -> SFTExample:
@@ -28,7 +37,7 @@ def tokenize_completion(prompt: list[dict], completion: list[dict], tokenizer, m
     """
     if not prompt:
         raise ValueError("empty prompt: no message before the completion")
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in completion):
+    if not any(m["role"] == "assistant" and content_text(m["content"]).strip() for m in completion):
         raise ValueError("empty completion: no assistant message with content")
     return _tokenize_trained_turns(prompt + completion, len(prompt), tokenizer, max_len)
 
@@ -39,9 +48,11 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
     input_ids: list[int] = []
     target_mask: list[int] = []
+    last = 0
     for i, message in enumerate(messages):
         if i < first_trained or message["role"] != "assistant":
             continue
+        last = i
         before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True)
         through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
         if through[: len(before)] != before or before[: len(input_ids)] != input_ids:
@@ -55,19 +66,35 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         raise ValueError("no assistant message to train on")
     if 1 not in target_mask[:max_len]:
         raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
-    return SFTExample(input_ids[:max_len], target_mask[:max_len])
+    images = tuple(message_images(messages[:last + 1]))
+    if images:
+        check_images_kept(input_ids, max_len, image_policy(tokenizer).token_id)
+    return SFTExample(input_ids[:max_len], target_mask[:max_len], images)
+
+
+def check_images_kept(ids: list[int], max_len: int, image_token_id: int) -> None:
+    """ValueError when cutting `ids` to `max_len` tokens would cut an image's tokens: the model needs all or none."""
+    if image_token_id in ids[max_len:]:
+        last = len(ids) - ids[::-1].index(image_token_id)
+        raise ValueError(f"the image tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
+                         f"use smaller images)")
 
 
 def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
     """Token ids of `messages` rendered by the tokenizer's chat template; ValueError if the template refuses them."""
     if not messages:
         return []
+    images = message_images(messages)
+    if images:  # the template renders one placeholder per image part; the image itself is not its business
+        messages = [{**m, "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
+                    if isinstance(m["content"], list) else m for m in messages]
     try:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
-        return list(tokenizer.apply_chat_template(
+        ids = list(tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
     except jinja2.TemplateError as e:  # templates reject conversations, e.g. roles that do not alternate
         raise ValueError(f"the chat template rejects this conversation: {e}") from None
+    return expand_image_tokens(ids, images, image_policy(tokenizer)) if images else ids
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -85,4 +112,8 @@ def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tens
         input_ids[b, :n] = torch.tensor(e.input_ids)
         attention_mask[b, :n] = 1
         target_mask[b, :n] = torch.tensor(e.target_mask, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": target_mask[:, 1:]}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": target_mask[:, 1:]}
+    if any(e.images for e in examples):  # the rows' images in row order; image_counts [B]: how many are each row's
+        batch |= {"images": [image for e in examples for image in e.images],
+                  "image_counts": torch.tensor([len(e.images) for e in examples])}
+    return batch

@@ -73,7 +73,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 reward_fn.start(reservation, run_dir, train.batch_size)
 
             def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
-                return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
+                return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
 
             def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
                 responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
@@ -222,7 +222,8 @@ def _rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tenso
             examples = []
             for x in chunk:
                 keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
-                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep] * len(x.response_ids)))
+                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep] * len(x.response_ids),
+                                           x.images))
             batch = collate_sft(examples, pad_id)
             check_no_padding_holes(batch["response_mask"])
             sampler_logprobs = torch.zeros_like(batch["response_mask"])

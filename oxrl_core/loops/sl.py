@@ -103,7 +103,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
 
             def sample(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
                 """`n` scored samples per prompt; a reward that raises scores `reward.on_error` and is reported."""
-                rollouts = pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base)
+                rollouts = pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
                 responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
                 rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
                                                 config.reward.on_error)
@@ -185,11 +185,11 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                         raise OxrlError(f"RFT iteration {k}: none of {len(rollouts)} samples scored at least train.rft_threshold="
                                         f"{train.rft_threshold} (best: {max(r.reward for r in rollouts)}); lower the threshold, "
                                         f"sample more (rollout.n_samples) or start from a stronger model")
-                    data = ([_sequence(r.prompt_ids, r.response_ids, config.data.max_len) for r in kept.values()], None, stats)
+                    data = ([_sequence(r, config.data.max_len) for r in kept.values()], None, stats)
                 else:  # SPIN: the demonstration over the policy's own answer; the reference is the policy at this point
-                    rollouts = pool.generate([d.prompt_ids for d in prompts], 1, rollout.temperature, seed_base)
-                    pairs = [PairExample(d.chosen, _sequence(d.prompt_ids, r.response_ids, config.data.max_len))
-                             for d, r in zip(prompts, rollouts)]
+                    rollouts = pool.generate([d.prompt_ids for d in prompts], 1, rollout.temperature, seed_base,
+                                             [d.chosen.images for d in prompts])
+                    pairs = [PairExample(d.chosen, _sequence(r, config.data.max_len)) for d, r in zip(prompts, rollouts)]
                     data = (pairs, precompute_reference(pairs), {})
                 torch.save(data, saved)
                 return data
@@ -305,10 +305,10 @@ def _collate(items: list, refs: list[torch.Tensor] | None, pad_id: int) -> dict:
     return collate_sft(items, pad_id)
 
 
-def _sequence(prompt_ids: list[int], response_ids: list[int], max_len: int, trained: bool = True) -> SFTExample:
+def _sequence(rollout: Rollout, max_len: int, trained: bool = True) -> SFTExample:
     """A sampled response after its prompt, cut to `max_len`; the mask marks the response (nothing if not `trained`)."""
-    mask = [0] * len(prompt_ids) + [int(trained)] * len(response_ids)
-    return SFTExample((prompt_ids + response_ids)[:max_len], mask[:max_len])
+    mask = [0] * len(rollout.prompt_ids) + [int(trained)] * len(rollout.response_ids)
+    return SFTExample((rollout.prompt_ids + rollout.response_ids)[:max_len], mask[:max_len], rollout.images)
 
 
 def _best_over_worst(rollouts: list[Rollout], num_prompts: int, max_len: int) -> tuple[list[PairExample], dict]:
@@ -320,8 +320,7 @@ def _best_over_worst(rollouts: list[Rollout], num_prompts: int, max_len: int) ->
         best, worst = max(samples, key=lambda r: r.reward), min(samples, key=lambda r: r.reward)
         tie = best.reward == worst.reward
         ties += tie
-        pairs.append(PairExample(_sequence(best.prompt_ids, best.response_ids, max_len, trained=not tie),
-                                 _sequence(worst.prompt_ids, worst.response_ids, max_len, trained=not tie)))
+        pairs.append(PairExample(_sequence(best, max_len, trained=not tie), _sequence(worst, max_len, trained=not tie)))
     return pairs, {"reward_mean": sum(r.reward for r in rollouts) / len(rollouts), "tied_prompts_frac": ties / num_prompts}
 
 

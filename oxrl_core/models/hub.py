@@ -35,10 +35,18 @@ def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     return name_or_path
 
 
+def is_vision_language(model_path: str) -> bool:
+    """Whether the model reads images: its config has a vision encoder's."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+
+
 def meta_model(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
     """The model's module tree from its config alone: built on the meta device, no weights read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return auto.from_config(config, trust_remote_code=trust_remote_code)

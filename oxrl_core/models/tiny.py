@@ -105,7 +105,8 @@ def _write_model(folder: Path) -> None:
 
 def _write_vision_model(folder: Path) -> None:
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
+                              Qwen2VLVideoProcessor)
 
     tokenizer = _train_tokenizer(vision=True)
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
@@ -128,7 +129,8 @@ def _write_vision_model(folder: Path) -> None:
         Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
     # Small images: at least 2x2 and at most 16x16 image tokens (56x56 to 448x448 pixels).
     images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=448 * 448)
-    Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+    Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                     chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
 
 
 def _corpus() -> list[str]:

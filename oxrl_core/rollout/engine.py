@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from oxrl_core.data.images import collapse_image_tokens
 from oxrl_core.errors import OxrlError
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, open_ipc
 
@@ -32,6 +34,7 @@ class Rollout:
     finish_reason: str  # "stop" (EOS or stop string) or "length" (truncated)
     policy_version: int
     reward: float = 0.0
+    images: tuple[np.ndarray, ...] = ()  # the prompt's images (set by the pool, which has them), uint8 [H, W, 3] each
 
 
 def _load_weights(worker, weights):
@@ -47,7 +50,6 @@ def _load_weights(worker, weights):
     runner = worker.model_runner
     if torch.cuda.is_available():
         runner.get_model().load_weights(weights)
-        runner.reset_encoder_cache()  # what `reload_weights` also resets: state computed with the old weights
         runner.reset_mm_cache()
         torch.cuda.current_stream().synchronize()  # the copies are done before the sender reuses or frees the memory
         return
@@ -161,20 +163,35 @@ class RolloutEngine:
             return
         if tensor_parallel:
             _unlink_shared_memory()
+        config = self.llm.llm_engine.model_config.hf_config
+        # A vision-language model's image placeholders: a prompt's are collapsed before vLLM expands them; one the
+        # policy samples ends its sample (as EOS would), since the trainer cannot read one as text (data/images.py).
+        self.placeholders = [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
+                             if t is not None]
 
     def start_failure(self) -> str | None:
         """Why vLLM did not start (the exception's first line), or None once it runs."""
         return self.failure
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
-                 seeds: list[int]) -> list[Rollout]:
+                 seeds: list[int], images: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
+        """`images`: each prompt's images (uint8 [H, W, 3], sized by data/images.py), whose placeholders the prompt's
+        ids hold expanded, as the trainer reads them."""
+        from PIL import Image
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed,
-                                 detokenize=False) for seed in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+                                 detokenize=False, stop_token_ids=self.placeholders) for seed in seeds]
+        requests = []
+        for i, ids in enumerate(prompts):
+            if images and images[i]:
+                requests.append(TokensPrompt(prompt_token_ids=collapse_image_tokens(ids, self.placeholders[0]),
+                                             multi_modal_data={"image": [Image.fromarray(a) for a in images[i]]}))
+            else:
+                requests.append(TokensPrompt(prompt_token_ids=ids))
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         rollouts = []
         for group, output in enumerate(outputs):
             for completion in output.outputs:
@@ -201,6 +218,9 @@ class RolloutEngine:
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        # So were the images' encoder outputs: the scheduler's record of them and the runner's store, reset together
+        # (the runner's alone, as `reload_weights` does on CPU, leaves the scheduler expecting outputs that are gone).
+        self.llm.llm_engine.reset_encoder_cache()
         self.policy_version = policy_version
 
     def load_shared_weights(self, handles: dict[str, tuple], policy_version: int) -> None:

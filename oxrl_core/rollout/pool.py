@@ -52,21 +52,25 @@ class RolloutPool:
                      *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes)
                        for i, w in enumerate(self.workers))], timeout=RAY_CALL_TIMEOUT_S)
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int) -> list[Rollout]:
-        """`n` samples of each prompt, sorted by prompt (`Rollout.group`). Prompts are dealt round-robin to the
-        engines (an engine's workers all get its share and return the same samples); each prompt has its own seed,
-        so a resumed run resamples alike. vLLM seeds a request's j-th sample with seed + j, so the prompts' seeds
-        are spaced by n: every sample draws from its own random stream."""
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
+                 images: list[tuple] | None = None) -> list[Rollout]:
+        """`n` samples of each prompt, sorted by prompt (`Rollout.group`), each with its prompt's `images` (if any).
+        Prompts are dealt round-robin to the engines (an engine's workers all get its share and return the same
+        samples); each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
+        with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
         r = self.config.rollout
+        images = images if images and any(images) else None
         shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
         busy = [(share, [w.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
-                                           [(seed_base * 100_003 + i) * n for i in share]) for w in workers])
+                                           [(seed_base * 100_003 + i) * n for i in share],
+                                           [images[i] for i in share] if images else None) for w in workers])
                 for workers, share in zip(self.engines, shares) if share]
         results = ray.get([f for _, futures in busy for f in futures], timeout=RAY_CALL_TIMEOUT_S)
         rollouts, at = [], 0
         for share, futures in busy:
             for rollout in results[at]:  # tensor-parallel rank 0's
                 rollout.group = share[rollout.group]
+                rollout.images = images[rollout.group] if images else ()
                 rollouts.append(rollout)
             at += len(futures)
         return sorted(rollouts, key=lambda x: x.group)

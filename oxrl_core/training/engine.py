@@ -17,7 +17,8 @@ import torch
 
 from oxrl_core.algs.registry import BATCH_LOSSES, SL_ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.models.hub import resolve_model
+from oxrl_core.data.images import vision_inputs
+from oxrl_core.models.hub import is_vision_language, resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
 from oxrl_core.training.fused_head import LogprobsHead
@@ -92,14 +93,14 @@ class TrainEngine:
             # Ranks share the cores; without this each takes them all and they thrash.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         import deepspeed
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+        from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
         from transformers.integrations import HfDeepSpeedConfig
 
         # The shared-memory all-reduce op compiles for a minute and training does not need it.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
 
-        self.config, self.rank = config, rank
+        self.config, self.rank, self._dtype = config, rank, model_dtype(config)
         self.zero3 = config.deepspeed.zero_stage == 3
         ds_config = deepspeed_config(config)
         # Kept alive so from_pretrained builds ZeRO-3 models already partitioned.
@@ -108,7 +109,12 @@ class TrainEngine:
         # A reward model is the backbone with a scalar head, saved as a sequence classifier: it loads with
         # AutoModelForSequenceClassification anywhere, which pools at the last non-pad token (so it runs padded).
         self.reward_model = isinstance(config, SLConfig) and config.train.alg == "rm"
-        self.packed = config.model.attn_implementation == "varlen" and not self.reward_model
+        # A vision-language model: its image processor makes each micro-batch's pixel values (data/images.py)
+        self.vision = is_vision_language(model_path)
+        self.image_processor = AutoImageProcessor.from_pretrained(model_path) if self.vision else None
+        # Packed rows would need M-RoPE's 3-D positions per packed sequence: vision-language models run padded.
+        self.packed = config.model.attn_implementation == "varlen" and not self.reward_model and not self.vision
+        language_model = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
         attention = PACKED_ATTENTION if self.packed else config.model.attn_implementation.replace("varlen", "sdpa")
         load = dict(dtype=model_dtype(config), attn_implementation=attention, trust_remote_code=config.model.trust_remote_code)
         if self.reward_model:
@@ -117,7 +123,11 @@ class TrainEngine:
             model = AutoModelForSequenceClassification.from_pretrained(
                 model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load)
         else:
-            model = AutoModelForCausalLM.from_pretrained(model_path, **load)
+            model = language_model.from_pretrained(model_path, **load)
+        if self.vision:
+            self.image_token_id = model.config.image_token_id
+            if config.model.freeze_vision:
+                vision_tower(model).requires_grad_(False)
         if self.zero3:
             rope_in_float32(model)
         if config.model.gradient_checkpointing:
@@ -154,7 +164,7 @@ class TrainEngine:
 
         def frozen(path: str) -> tuple:
             """A model that only runs forwards, and its LogprobsHead (or None); under ZeRO-3 sharded like the policy."""
-            model = AutoModelForCausalLM.from_pretrained(path, **load).eval()
+            model = language_model.from_pretrained(path, **load).eval()
             model.requires_grad_(False)
             head = LogprobsHead.replace_output_layer(model)
             if self.zero3:
@@ -245,6 +255,10 @@ class TrainEngine:
             longest = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
             joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
                       for key in ("input_ids", "attention_mask")}
+            if any("images" in b for b in group):
+                joined |= {"images": [image for b in group for image in b.get("images", [])],
+                           "image_counts": torch.cat([b.get("image_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long))
+                                                      for b in group])}
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0
             for batch in group:
@@ -255,7 +269,11 @@ class TrainEngine:
 
     def _to_device(self, batch: dict) -> dict:
         """The micro-batch on this rank's device; packed, with its model inputs under "packed", built here on the CPU
-        (their shapes depend on the data: on the GPU, building them would wait for its queue to drain)."""
+        (their shapes depend on the data: on the GPU, building them would wait for its queue to drain); its images
+        as the model's inputs (`vision_inputs`)."""
+        if "images" in batch:
+            batch = {k: v for k, v in batch.items() if k not in ("images", "image_counts")} | vision_inputs(
+                batch, self.image_processor, self.image_token_id)
         if self.packed:
             batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"]),
                              "unpacking": unpacking(batch["attention_mask"])}
@@ -272,21 +290,25 @@ class TrainEngine:
             return {"scores": model(**inputs).logits[:, 0]}  # [B]
         if self.packed:  # one row [1, N] of the real tokens; what comes out goes back to the padded layout
             inputs = batch["packed"] | {"use_cache": False}
+        targets = inputs["input_ids"]  # the tokens scored; a vision-language model reads them with its images
+        if "pixel_values" in batch:
+            inputs |= {"input_ids": batch["model_input_ids"], "pixel_values": batch["pixel_values"].to(self._dtype),
+                       "image_grid_thw": batch["image_grid_thw"], "mm_token_type_ids": batch["mm_token_type_ids"]}
         padded = partial(unpack, layout=batch["unpacking"]) if self.packed else lambda x: x
         # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
         # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a
         # bias-free linear one (a LoRA adapter on lm_head), which have no LogprobsHead.
         fused = head is not None and self.teacher is None
-        with head.scoring(inputs["input_ids"], temperature, entropy is not None) if fused else nullcontext():
+        with head.scoring(targets, temperature, entropy is not None) if fused else nullcontext():
             output = model(**inputs)
         # what the output layer gave (PPO's value head returns it beside the values)
         head_output, values = output if isinstance(output, tuple) else (output.logits, None)
         if fused:
             logprobs, entropy_values = head_output  # [B, T-1] each (packed: [1, N-1]), the entropy None unless asked
         elif entropy is not None:
-            logprobs, entropy_values = token_logprobs_and_entropy(head_output, inputs["input_ids"], temperature)
+            logprobs, entropy_values = token_logprobs_and_entropy(head_output, targets, temperature)
         else:
-            logprobs = token_logprobs(head_output, inputs["input_ids"], temperature)
+            logprobs = token_logprobs(head_output, targets, temperature)
         outputs = {"logprobs": padded(logprobs)}
         if entropy is not None:  # from the logprobs' own softmax; only PPO's bonus needs its gradient
             outputs["entropy"] = padded(entropy_values if entropy == "grad" else entropy_values.detach())
@@ -318,13 +340,14 @@ class TrainEngine:
         state = self._gathered(trainable_only=self.config.lora.enabled)  # with LoRA the base is unchanged
         if self.rank == 0:
             from safetensors.torch import save_file
-            from transformers import AutoTokenizer
+            from transformers import AutoProcessor, AutoTokenizer
 
             policy_state = {name.removeprefix("policy."): t for name, t in state if not name.startswith("value_head.")}
             self._policy().save_pretrained(out_dir, state_dict=policy_state, safe_serialization=True)
             if self.critic:
                 save_file({n.removeprefix("value_head."): t for n, t in state if n.startswith("value_head.")}, out_dir / VALUE_HEAD_FILE)
-            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+            # a vision-language model's processor: the tokenizer, the image processor and the chat template
+            (AutoProcessor if self.vision else AutoTokenizer).from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
 
     # -- weights for the vLLM engines (placement/transport.py) -----------------------------------
@@ -333,7 +356,15 @@ class TrainEngine:
         """What `refresh_weights` yields, in order: the policy's weights under their Hugging Face names, with
         LoRA merged (vLLM serves plain weights, no adapter machinery, and needs no restart)."""
         return [WeightSpec(_served_name(name), tuple(getattr(param, "ds_shape", param.shape)), str(param.dtype).removeprefix("torch."))
-                for name, param in self._policy().named_parameters() if not _is_lora_factor(name)]
+                for name, param in self._refreshed_parameters()]
+
+    def _refreshed_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The policy's parameters the engines take at a refresh: all but the LoRA factors (merged into their base
+        layer's weight) and a frozen vision tower (the engines loaded it from the same folder)."""
+        policy = self._policy()
+        frozen = {id(p) for p in vision_tower(policy).parameters()} if self.vision and self.config.model.freeze_vision else set()
+        return ((name, param) for name, param in policy.named_parameters()
+                if not _is_lora_factor(name) and id(param) not in frozen)
 
     def refresh_weights(self, materialize: bool) -> Iterator[tuple[str, torch.Tensor | None]]:
         """The `weight_plan` weights, whole, one at a time (every rank must iterate: under ZeRO-3 each is gathered
@@ -342,9 +373,7 @@ class TrainEngine:
         import deepspeed
 
         policy = self._policy()
-        for name, param in policy.named_parameters():
-            if _is_lora_factor(name):
-                continue  # merged into their base layer's weight
+        for name, param in self._refreshed_parameters():
             lora_layer = policy.get_submodule(name.split(".base_layer.")[0]) if ".base_layer.weight" in name else None
             params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
             with deepspeed.zero.GatheredParameters(params, enabled=self.zero3):
@@ -410,6 +439,15 @@ class TrainEngine:
                 if self.rank == 0:
                     pairs.append((name, param.detach().to("cpu", copy=True)))
         return pairs
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision encoder (with its merger into the language model's width) of a vision-language model."""
+    inner = getattr(model, "model", model)
+    for name in ("visual", "vision_tower", "vision_model"):
+        if hasattr(inner, name):
+            return getattr(inner, name)
+    raise ValueError(f"{type(model).__name__}: no vision tower found (visual, vision_tower or vision_model)")
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
