@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.models.tiny import resolve_tiny_model
+from oxrl_core.models.tiny import TINY_VL_MODEL_NAME, resolve_tiny_model
 
 # Nothing in the suite may touch the network, and nothing may write into the checkout.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -53,6 +53,12 @@ def _isolated_dirs(tmp_path_factory):
 def tiny_model_dir(_isolated_dirs) -> Path:
     """Built where `oxrl-tiny` resolves to, so that runs naming it (the shipped examples) find it built."""
     return resolve_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_model_dir(_isolated_dirs) -> Path:
+    """`oxrl-tiny-vl`, built where the shipped VLM examples find it."""
+    return resolve_tiny_model(TINY_VL_MODEL_NAME)
 
 
 @pytest.fixture(scope="session")

@@ -64,11 +64,11 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         input_ids = through
     if 1 not in target_mask:
         raise ValueError("no assistant message to train on")
-    if 1 not in target_mask[:max_len]:
-        raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
     images = tuple(message_images(messages[:last + 1]))
     if images:
         check_images_kept(input_ids, max_len, image_policy(tokenizer).token_id)
+    if 1 not in target_mask[:max_len]:
+        raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
     return SFTExample(input_ids[:max_len], target_mask[:max_len], images)
 
 

