@@ -107,10 +107,13 @@ def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path,
         f"<|im_start|>user\n<|vision_start|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
 
 
+@pytest.mark.parametrize("freeze_vision", [True, False], ids=["frozen-vision", "trained-vision"])
 def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_without_its_image(tmp_path,
-                                                                                                   tiny_vl_model_dir):
+                                                                                                   tiny_vl_model_dir,
+                                                                                                   freeze_vision):
     """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
-    prompt scored by the trainer. Scored without the image (by either side), they are far apart."""
+    prompt scored by the trainer. Scored without the image (by either side), they are far apart. With the vision
+    tower trained, the refresh must bring its new weights too."""
     from oxrl_core.loops.rl import _attach, _rl_micro_batches
     from oxrl_core.placement import ray_cluster
     from oxrl_core.rollout.pool import RolloutPool
@@ -118,7 +121,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
 
     config, model_path = load_rl_config(Path("examples/vlm_cispo_tiny.yaml"), [
         "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
-        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4"])
+        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4", f"model.freeze_vision={str(freeze_vision).lower()}"])
     tokenizer, pad = load_tokenizer(model_path)
     prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
     prompt = prompts[0]
