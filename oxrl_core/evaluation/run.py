@@ -100,7 +100,7 @@ def run_eval(models: list[str], data: Path, reward: str, reward_kwargs: dict, se
         report_data([candidate.report], folder, console)
         console.print(f"{candidate.name}: sampling {settings.n} per prompt from {len(candidate.prompts)} prompts",
                       soft_wrap=True, highlight=False, markup=False)
-        rollouts = generate(candidate.path, [p.prompt_ids for p in candidate.prompts], settings)
+        rollouts = generate(candidate.path, candidate.prompts, settings)
         summary = _score_and_write(candidate, rollouts, reward_fn, settings, folder)
         summaries.append({"model": candidate.name, "model_path": candidate.path, "data": str(data), "reward": reward,
                           "reward_kwargs": reward_kwargs, **summary, "out": str(folder)})
@@ -135,16 +135,18 @@ def _check_same_prompts(candidates: list[Candidate], data: Path) -> None:
                         f"render it differently); the comparison needs the same prompts: raise --max-prompt-len or drop it")
 
 
-def generate(model_path: str, prompts: list[list[int]], s: EvalSettings) -> list[Rollout]:
-    """`s.n` samples of each prompt (sorted by prompt) from a vLLM engine started for them and shut down after."""
+def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> list[Rollout]:
+    """`s.n` samples of each prompt (with its images, if any; sorted by prompt) from a vLLM engine started for them and
+    shut down after."""
     on_gpu = torch.cuda.is_available()
-    engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32", max(map(len, prompts)) + s.max_tokens,
-                           s.gpu_memory_utilization, s.seed, len(prompts) * s.n)
+    engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32",
+                           max(len(p.prompt_ids) for p in prompts) + s.max_tokens, s.gpu_memory_utilization, s.seed,
+                           len(prompts) * s.n)
     try:
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values
-        return engine.generate(prompts, s.n, s.temperature, 1.0, s.max_tokens,
-                               [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))])
+        return engine.generate([p.prompt_ids for p in prompts], s.n, s.temperature, 1.0, s.max_tokens,
+                               [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))], [p.images for p in prompts])
     finally:
         # vLLM's engine core hides its objects from the garbage collector (gc.freeze) until its shutdown; without it
         # the weights and KV cache stay, and the next engine finds no room (on CPU it sizes its KV cache by this

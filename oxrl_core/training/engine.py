@@ -116,7 +116,7 @@ class TrainEngine:
         self.packed = config.model.attn_implementation == "varlen" and not self.reward_model and not self.vision
         language_model = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
         attention = PACKED_ATTENTION if self.packed else config.model.attn_implementation.replace("varlen", "sdpa")
-        load = dict(dtype=model_dtype(config), attn_implementation=attention, trust_remote_code=config.model.trust_remote_code)
+        load = dict(dtype=self._dtype, attn_implementation=attention, trust_remote_code=config.model.trust_remote_code)
         if self.reward_model:
             from oxrl_core.loops.run_folder import load_tokenizer
 

@@ -154,3 +154,14 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         assert all(s.policy_version == 1 for s in after) and max(gaps) < 1e-2, gaps
         assert min(blind_gaps) > 5e-2 and max(engine_blind_gaps) > 5e-2, (blind_gaps, engine_blind_gaps)
         group.shutdown()
+
+
+def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint_and_the_base_side_by_side(tmp_path, sft_run, oxrl):
+    result = oxrl("eval", "--model", sft_run / "final", "--compare", "oxrl-tiny-vl", "--data",
+                  "examples/data/squares_rl_val.jsonl", "--reward", "math", "--n", "2", "--max-tokens", "8",
+                  "--out", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
+    assert len(summaries) == 2
+    samples = [json.loads(line) for line in next(tmp_path.glob("*/samples.jsonl")).read_text().splitlines()]
+    assert len(samples) == 64 * 2

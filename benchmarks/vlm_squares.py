@@ -1,0 +1,76 @@
+"""The visual task on the CPU: SFT then CISPO of oxrl-tiny-vl on "How many squares are in the picture?".
+
+As the text demo, on a vision-language model: half the SFT demonstrations give a count one off, so imitation learns
+the format and to waver; CISPO with the exact-match `math` reward then raises accuracy. Accuracy is measured with
+vLLM on the 64 held-out pictures (sampled at T=1, pass@1 from 8 samples each, and greedy) after SFT and after RL.
+
+    python benchmarks/vlm_squares.py --seeds 0 1 2        # writes benchmarks/results/<date>.cpu.vlm-squares.json
+
+`--seed` draws the training pictures, the demonstrations' errors, the data order and the samples; the tiny model's
+initial weights stay fixed. Results name the CPU they ran on.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from oxrl_core.config import load_rl_config, load_sl_config
+from oxrl_core.loops.rl import train_rl
+from oxrl_core.loops.sl import train_sl
+from oxrl_core.preprocess.arithmetic import write_jsonl
+from oxrl_core.preprocess.shapes import square_images, vlm_prompt_records, vlm_sft_records
+
+DEMO = Path(__file__).resolve().parents[1] / "oxrl_core"
+
+
+def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -> dict:
+    data = out / f"data-seed{seed}"
+    train = square_images(2000, seed=1000 + seed)
+    val = square_images(64, seed=1)  # the shipped examples' held-out pictures
+    files = {"sft_train": write_jsonl(vlm_sft_records(train, 0.5, seed=seed), data / "sft_train.jsonl"),
+             "sft_val": write_jsonl(vlm_sft_records(val, 0.0, seed=seed), data / "sft_val.jsonl"),
+             "rl_train": write_jsonl(vlm_prompt_records(random.Random(seed).sample(train, 1000)), data / "rl_train.jsonl"),
+             "rl_val": write_jsonl(vlm_prompt_records(val), data / "rl_val.jsonl")}
+    start = time.perf_counter()
+    common = [f"run.output_dir={out}", f"train.seed={seed}", "model.name_or_path=oxrl-tiny-vl"]
+    sft_config, model_path = load_sl_config(DEMO / "demo_sft.yaml", common + [
+        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name=sft-seed{seed}",
+        f"train.steps={sft_steps}", "data.max_len=64"])
+    sft = train_sl(sft_config, model_path, resume=False, console=console)
+    rl_config, sft_model = load_rl_config(DEMO / "demo_rl.yaml", common + [
+        f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
+        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}", "train.eval_every=0"])
+    rl = train_rl(rl_config, sft_model, resume=False, console=console)
+    return {"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft["eval_loss"],
+            "after_sft": rl["eval_before"], "after_rl": rl["eval_after"], "wall_time_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--rl-steps", type=int, default=150)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / "vlm-squares")
+    args = parser.parse_args()
+    console = Console()
+    results = [run(seed, args.out, args.sft_steps, args.rl_steps, console) for seed in args.seeds]
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    report = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cores": os.cpu_count(), "runs": results}
+    path = Path(__file__).parent / "results" / f"{report['date']}.cpu.vlm-squares.json"
+    path.write_text(json.dumps(report, indent=2))
+    for r in results:
+        console.print(f"seed {r['seed']}: sampled {r['after_sft']['eval_accuracy']:.1%} -> {r['after_rl']['eval_accuracy']:.1%}, "
+                      f"greedy {r['after_sft']['eval_accuracy_greedy']:.1%} -> {r['after_rl']['eval_accuracy_greedy']:.1%}, "
+                      f"{r['wall_time_s']:.0f} s")
+    console.print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
