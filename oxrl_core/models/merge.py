@@ -71,9 +71,10 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
     base_path = _resolve_base(adapter, base, peft_config.base_model_name_or_path)
     tokenizer_from = str(adapter) if _has_tokenizer(adapter) else base_path
     tokenizer, pad_id = load_tokenizer(tokenizer_from)
-    model_class = getattr(transformers, MODEL_CLASSES[task_type])
     head = _head_config(adapter, weights, pad_id) if task_type == "SEQ_CLS" else {}
     base_config = transformers.AutoConfig.from_pretrained(base_path, **head)
+    vision = getattr(base_config, "vision_config", None) is not None  # a vision-language model, its processor kept
+    model_class = transformers.AutoModelForImageTextToText if vision else getattr(transformers, MODEL_CLASSES[task_type])
     if base is not None:
         _check_same_architecture(adapter, base_path, base_config, peft_config.base_model_name_or_path)
     _check_adapter_fits(adapter, peft_config, weights, model_class, base_config, base_path)
@@ -88,7 +89,8 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
                    default=None)
     if diff is not None and diff > atol:
         raise OxrlError(f"{adapter}: merged logits differ from the adapter-applied ones by {diff:.3g} > --atol {atol:g}; nothing written")
-    files = _write_atomically(out, merged.to(out_dtype), tokenizer, max_shard_size)
+    processor = transformers.AutoProcessor.from_pretrained(tokenizer_from) if vision else tokenizer
+    files = _write_atomically(out, merged.to(out_dtype), processor, max_shard_size)
     return MergeReport(adapter, base_path, task_type, sum(".lora_A." in n or "lora_embedding_A" in n for n in weights),
                        str(out_dtype).removeprefix("torch."), diff, tokenizer_from, out, files)
 
@@ -186,7 +188,7 @@ def _check_inputs(tokenizer) -> list[torch.Tensor]:
     return [torch.tensor([x]) for x in ids]
 
 
-def _write_atomically(out: Path, model, tokenizer, max_shard_size: str) -> list[str]:
+def _write_atomically(out: Path, model, processor, max_shard_size: str) -> list[str]:
     """Write into a hidden sibling of `out`, then rename it into place: `out` is whole or absent."""
     from safetensors import safe_open
 
@@ -194,7 +196,7 @@ def _write_atomically(out: Path, model, tokenizer, max_shard_size: str) -> list[
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(staging, max_shard_size=max_shard_size)
-        tokenizer.save_pretrained(staging)
+        processor.save_pretrained(staging)  # the tokenizer, or a vision-language model's whole processor
         for shard in staging.glob("*.safetensors"):
             with safe_open(shard, "pt") as f:
                 leftover = [k for k in f.keys() if any(part in k for part in PEFT_NAME_PARTS)]

@@ -165,3 +165,18 @@ def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint_and_the_base_side_by
     assert len(summaries) == 2
     samples = [json.loads(line) for line in next(tmp_path.glob("*/samples.jsonl")).read_text().splitlines()]
     assert len(samples) == 64 * 2
+
+
+def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, oxrl):
+    from safetensors.torch import load_file
+
+    train = oxrl(*example("sft", tmp_path / "runs", "lora.enabled=true", "lora.r=8", "train.lr=1e-2", "run.name=lora"))
+    assert train.returncode == 0, train.stderr[-3000:]
+    final, merged = tmp_path / "runs" / "lora" / "final", tmp_path / "merged"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+    merge = oxrl("merge-lora", final, "--out", merged)
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    assert load_file(merged / "model.safetensors").keys() == load_file(tiny_vl_model_dir / "model.safetensors").keys()
+    summary = json.loads((tmp_path / "runs" / "lora" / "summary.json").read_text())
+    model = AutoModelForImageTextToText.from_pretrained(merged, dtype=torch.float32)
+    assert abs(hf_eval_loss(model, AutoProcessor.from_pretrained(merged), SFT_VAL) - summary["eval_loss"]) <= 1e-4
