@@ -54,26 +54,28 @@ class ImagePolicy:
 
 
 @lru_cache(maxsize=8)
-def _policy_of_folder(folder: str) -> ImagePolicy | None:
+def _processor_sizes(folder: str) -> tuple[int, int, int] | None:
+    """(pixels per image token side, min_pixels, max_pixels) of a vision-language model folder's image processor; None
+    for a text model."""
     from transformers import AutoConfig, AutoImageProcessor
 
     if getattr(AutoConfig.from_pretrained(folder), "vision_config", None) is None:
         return None
     processor = AutoImageProcessor.from_pretrained(folder)
     if not hasattr(processor, "merge_size"):
-        raise ValueError(f"{folder}: {type(processor).__name__} is not a Qwen-VL image processor; oxrl trains the "
-                         "Qwen2-VL family's images (Qwen2-VL, Qwen2.5-VL)")
-    return ImagePolicy("<|image_pad|>", -1, processor.patch_size * processor.merge_size, processor.size["shortest_edge"],
-                       processor.size["longest_edge"])  # transformers keeps min_pixels and max_pixels in `size`
+        raise ValueError(f"{type(processor).__name__} is not a Qwen-VL image processor; oxrl trains the images of the "
+                         "Qwen2-VL family (Qwen2-VL, Qwen2.5-VL)")
+    # transformers keeps min_pixels and max_pixels in `size`
+    return processor.patch_size * processor.merge_size, processor.size["shortest_edge"], processor.size["longest_edge"]
 
 
 def image_policy(tokenizer) -> ImagePolicy | None:
     """The image policy of the model whose tokenizer this is (its folder's image processor), or None: a text model."""
-    policy = _policy_of_folder(str(tokenizer.name_or_path))
-    if policy is None:
+    sizes = _processor_sizes(str(tokenizer.name_or_path))
+    if sizes is None:
         return None
-    token_id = tokenizer.convert_tokens_to_ids(policy.token)
-    return ImagePolicy(policy.token, token_id, policy.factor, policy.min_pixels, policy.max_pixels)
+    token = "<|image_pad|>"
+    return ImagePolicy(token, tokenizer.convert_tokens_to_ids(token), *sizes)
 
 
 def has_images(record: dict) -> bool:

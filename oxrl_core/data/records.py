@@ -171,12 +171,11 @@ def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, k
     `tokenizer`, a record's images are read and sized first (data/images.py), into its image parts."""
     records, problems = read_records(path)
     total = len(records) + len(problems)
-    policy = image_policy(tokenizer) if tokenizer is not None else None
     examples = []
     for number, record in records:
         try:
             if tokenizer is not None and has_images(record):
-                record = bind_images(record, Path(path).parent, policy)
+                record = bind_images(record, Path(path).parent, image_policy(tokenizer))
             examples.append(convert(record))
         except ValueError as e:
             problems.append(DataProblem(str(path), number, str(e)))

@@ -25,5 +25,5 @@ def test_prompts_end_with_the_generation_prompt_and_bad_ones_say_why(tmp_path, t
     reasons = {p.line: p.reason for p in report.problems}
     assert reasons.keys() == {3, 4, 5, 6} and report.kept == 2
     assert reasons[3].startswith("missing field 'prompt'") and reasons[4] == "field 'prompt' is an empty list"
-    assert reasons[5].startswith("message 0 must be {role: one of system, user, assistant, tool, content: string}")
+    assert reasons[5].startswith("message 0 must be {role: one of system, user, assistant, tool, content: string or list of parts}")
     assert reasons[6].startswith("prompt is ") and reasons[6].endswith("tokens; rollout.max_prompt_len is 32")
