@@ -3,6 +3,8 @@ joined through RAY_ADDRESS as a user's cluster would be."""
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,17 @@ def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tm
     steps = json.loads((tmp_path / "two-nodes" / "summary.json").read_text())["history"]
     assert [h["policy_version"] for h in steps] == [1, 2] and steps[0]["grad_norm"] > 0  # it trained: the weights moved
     assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from both workers, refreshed across nodes
+
+
+@pytest.mark.own_ray_cluster
+def test_without_ray_address_a_run_starts_a_cluster_of_its_own_beside_one_that_ray_start_left(two_node_cluster,
+                                                                                              monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    script = ("import ray; from oxrl_core.placement import start_ray; start_ray(2); "
+              "print('ADDRESS', ray.get_runtime_context().gcs_address); ray.shutdown()")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("ADDRESS ")[1].strip() != two_node_cluster.address
 
 
 @pytest.mark.own_ray_cluster
