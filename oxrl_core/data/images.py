@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # the vision-language models whose images oxrl trains
 IMAGE_FIELDS = ("images", "image")
 MESSAGE_FIELDS = ("messages", "prompt", "completion", "chosen", "rejected")
 MAX_IMAGE_PIXELS = 40_000_000  # larger is refused as too large (decoding alone would take 120 MB and more)

@@ -1,7 +1,7 @@
 """Ready-to-run SFT and RL configs for an onboarded model, checked against the run schema before they are written.
 
-They train on the shipped arithmetic data (paths relative to the repository root):
-point `data.train` at your own data for real work.
+They train on the shipped synthetic data (paths relative to the repository root): arithmetic, or for a
+vision-language model the squares-counting pictures. Point `data.train` at your own data for real work.
 """
 
 from pathlib import Path
@@ -24,9 +24,10 @@ def write_configs(entry: RegistryEntry, trust_remote_code: bool, folder: Path) -
     lora_section = {"enabled": lora, "r": 16, "alpha": 32.0, "target_modules": entry.lora_targets}
     deepspeed = {"zero_stage": 2 if lora else 3}  # LoRA's trainable weights are small; full training needs everything sharded
     stem = Path(entry.model).name
+    task = "squares" if entry.model_class == "image-text-to-text" else "arithmetic"
     sft = {
         "model": model, "lora": lora_section,
-        "data": {"train": [{"path": str(DATA / "arithmetic_sft_train.jsonl")}], "val": str(DATA / "arithmetic_sft_val.jsonl"),
+        "data": {"train": [{"path": str(DATA / f"{task}_sft_train.jsonl")}], "val": str(DATA / f"{task}_sft_val.jsonl"),
                  "max_len": min(1024, entry.context_length)},
         "train": {"alg": "sft", "lr": 1e-4 if lora else 1e-5, "steps": 100, "batch_size": 8 * ranks, "micro_batch_size": 2,
                   "grad_accum": 4, "warmup_steps": 10, "lr_scheduler": "cosine"},
@@ -35,7 +36,7 @@ def write_configs(entry: RegistryEntry, trust_remote_code: bool, folder: Path) -
     }
     rl = {
         "model": model, "lora": lora_section,
-        "data": {"train": [{"path": str(DATA / "arithmetic_rl_train.jsonl")}], "val": str(DATA / "arithmetic_rl_val.jsonl")},
+        "data": {"train": [{"path": str(DATA / f"{task}_rl_train.jsonl")}], "val": str(DATA / f"{task}_rl_val.jsonl")},
         "train": {"alg": "cispo", "lr": 1e-5 if lora else 1e-6, "steps": 100, "batch_size": 16 * ranks,  # 2 prompts x 8 samples per rank
                   "micro_batch_size": 8, "grad_accum": 2, "lr_scheduler": "constant"},
         "rollout": {"n_samples": 8, "temperature": 1.0, "max_tokens": 256, "max_prompt_len": min(512, entry.context_length),

@@ -57,12 +57,14 @@ def test_list_prints_every_shipped_model(oxrl, tmp_path):
 
 
 @pytest.mark.integration
-def test_generated_sft_config_trains_one_step(oxrl, tiny_model_dir, tmp_path):
-    assert oxrl("onboard", tiny_model_dir, "--out", tmp_path).returncode == 0
-    config = tmp_path / f"local--{tiny_model_dir.name}" / "sft.yaml"
+@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_vl_model_dir"], ids=["causal-lm", "vision-language"])
+def test_generated_sft_config_trains_one_step(oxrl, model, tmp_path, request):
+    folder = request.getfixturevalue(model)
+    assert oxrl("onboard", folder, "--out", tmp_path).returncode == 0
+    config = tmp_path / f"local--{folder.name}" / "sft.yaml"
     result = oxrl("train", "sl", "--config", config, "train.steps=1", "data.val=null", f"run.output_dir={tmp_path / 'runs'}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "runs" / f"{tiny_model_dir.name}-sft" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / f"{folder.name}-sft" / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.integration

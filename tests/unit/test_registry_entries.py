@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from oxrl_core.data.images import VISION_MODEL_TYPES
 from oxrl_core.registry.schema import SHIPPED_DIR, entry_file_name, load_entry, registry_entries, write_entry
 from oxrl_core.registry.scout import HUB_ID, recommend_mode
 
@@ -36,7 +37,7 @@ def test_shipped_entry_validates_and_is_named_after_its_hub_id(path: Path):
 def test_shipped_entry_follows_the_full_vs_lora_rule_and_the_trainer_s_model_classes(path: Path):
     entry = load_entry(path)
     assert entry.recommended_mode == recommend_mode(entry.params, entry.gpu_memory_gb)
-    assert entry.oxrl_trainable == (entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    assert entry.oxrl_trainable == (entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or entry.model_type in VISION_MODEL_TYPES)
     assert (entry.active_params is not None) == ("moe" in entry.model_type)
 
 
