@@ -107,13 +107,11 @@ def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path,
         f"<|im_start|>user\n<|vision_start|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
 
 
-@pytest.mark.parametrize("freeze_vision", [True, False], ids=["frozen-vision", "trained-vision"])
 def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_without_its_image(tmp_path,
-                                                                                                   tiny_vl_model_dir,
-                                                                                                   freeze_vision):
+                                                                                                   tiny_vl_model_dir):
     """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
-    prompt scored by the trainer. Scored without the image (by either side), they are far apart. With the vision
-    tower trained, the refresh must bring its new weights too."""
+    prompt scored by the trainer. Scored without the image (by either side), they are far apart. The vision tower
+    trains, so the refresh must bring its new weights too (the frozen default is checked by the CISPO example's gap)."""
     from oxrl_core.loops.rl import _attach, _rl_micro_batches
     from oxrl_core.placement import ray_cluster
     from oxrl_core.rollout.pool import RolloutPool
@@ -121,7 +119,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
 
     config, model_path = load_rl_config(Path("examples/vlm_cispo_tiny.yaml"), [
         "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
-        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4", f"model.freeze_vision={str(freeze_vision).lower()}"])
+        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4", "model.freeze_vision=false"])
     tokenizer, pad = load_tokenizer(model_path)
     prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
     prompt = prompts[0]
@@ -156,15 +154,12 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         group.shutdown()
 
 
-def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint_and_the_base_side_by_side(tmp_path, sft_run, oxrl):
-    result = oxrl("eval", "--model", sft_run / "final", "--compare", "oxrl-tiny-vl", "--data",
-                  "examples/data/squares_rl_val.jsonl", "--reward", "math", "--n", "2", "--max-tokens", "8",
-                  "--out", tmp_path)
+def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, oxrl):
+    result = oxrl("eval", "--model", sft_run / "final", "--data", "examples/data/squares_rl_val.jsonl", "--reward", "math",
+                  "--n", "2", "--max-tokens", "8", "--out", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
-    assert len(summaries) == 2
-    samples = [json.loads(line) for line in next(tmp_path.glob("*/samples.jsonl")).read_text().splitlines()]
-    assert len(samples) == 64 * 2
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["samples"] == 64 * 2 and 0 <= summary["metrics"]["pass@1"] <= 1
 
 
 def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, oxrl):
