@@ -65,19 +65,14 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
     if 1 not in target_mask:
         raise ValueError("no assistant message to train on")
     images = tuple(message_images(messages[:last + 1]))
-    if images:
-        check_images_kept(input_ids, max_len, image_policy(tokenizer).token_id)
+    image_token = image_policy(tokenizer).token_id if images else None
+    if image_token in input_ids[max_len:]:  # the model needs an image's tokens all or none
+        last = len(input_ids) - input_ids[::-1].index(image_token)
+        raise ValueError(f"the image tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
+                         f"use smaller images)")
     if 1 not in target_mask[:max_len]:
         raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
     return SFTExample(input_ids[:max_len], target_mask[:max_len], images)
-
-
-def check_images_kept(ids: list[int], max_len: int, image_token_id: int) -> None:
-    """ValueError when cutting `ids` to `max_len` tokens would cut an image's tokens: the model needs all or none."""
-    if image_token_id in ids[max_len:]:
-        last = len(ids) - ids[::-1].index(image_token_id)
-        raise ValueError(f"the image tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
-                         f"use smaller images)")
 
 
 def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
