@@ -1,7 +1,8 @@
 """One RL step on a GPU, phase by phase: a benchmark, never a test.
 
-A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B; `--shape 32b`) is
-built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
+A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B; `--shape 32b`;
+`--shape vl-3b`: Qwen2.5-VL-3B's, 3.8B, a vision-language model whose every prompt also holds one 448x448 image, 256
+image tokens after the prompt's 128) is built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
 and engines; or split, given `rollout.placement=split` and how many ranks and engines share the N GPUs) go through
 `train_rl`, the same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
@@ -15,7 +16,7 @@ Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one C
 the faster is the reference. After the loop, standalone vLLM with one thread once more (has the host slowed?), and
 for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
-    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b] [--gpus N] [--tensor-parallel K] [KEY=VALUE ...]
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b|vl-3b] [--gpus N] [--tensor-parallel K] [KEY=VALUE ...]
     # overrides as for `oxrl train rl`; split on 8 GPUs (4096 samples = 4 ranks x 32 sequences x 32), e.g.:
     python benchmarks/rl_step.py --out results/ --gpus 8 --no-standalone rollout.placement=split
         run.train_ranks=4 rollout.engines=4 train.grad_accum=32
@@ -37,7 +38,7 @@ from rich.console import Console
 
 from oxrl_core.config import load_rl_config
 from oxrl_core.loops.rl import train_rl
-from oxrl_core.models.tiny import build_tiny_model
+from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
@@ -52,19 +53,51 @@ QWEN25_SHAPES = {
                 num_key_value_heads=8, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
                 tie_word_embeddings=False),
 }
+# Qwen2.5-VL-3B-Instruct's config.json: the language model, and the vision tower (32 blocks, windowed attention but
+# in 4) whose 2x2-merged patches become the image's tokens
+QWEN25_VL_SHAPES = {
+    "vl-3b": dict(text_config=dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                   num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000,
+                                   rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
+                                                                       "mrope_section": [16, 24, 24]}),
+                  vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                                     hidden_act="silu", patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                                     window_size=112, fullatt_block_indexes=[7, 15, 23, 31]),
+                  tie_word_embeddings=True),
+}
+IMAGE_SIDE = 448  # pixels: 32 x 32 patches of 14, merged 2 x 2 into 16 x 16 image tokens
+IMAGE_PATCHES, IMAGE_TOKENS = (IMAGE_SIDE // 14) ** 2, (IMAGE_SIDE // 28) ** 2
+
+
 
 
 def build_model(folder: Path, shape: dict) -> Path:
-    """Random weights in a Qwen2.5 shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+    """Random weights in a Qwen2.5 shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded); a
+    vision shape with oxrl-tiny-vl's tokenizer and template, and Qwen2.5-VL's image processor."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, Qwen2Config
 
     if (folder / "config.json").is_file():
         return folder
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / "oxrl-tiny"))
+    vision = "vision_config" in shape
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / ("oxrl-tiny-vl" if vision else "oxrl-tiny"), vision))
+    tokens = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     torch.manual_seed(0)
-    config = Qwen2Config(**shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if vision:
+        from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLProcessor, Qwen2VLImageProcessor,
+                                  Qwen2VLVideoProcessor)
+
+        ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+        config = Qwen2_5_VLConfig(text_config=shape["text_config"] | tokens, vision_config=shape["vision_config"],
+                                  tie_word_embeddings=shape["tie_word_embeddings"], image_token_id=ids["<|image_pad|>"],
+                                  video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                                  vision_end_token_id=ids["<|vision_end|>"])
+        # images up to the benchmark's own size: vLLM sizes its encoder's profile run by the largest image allowed
+        Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(max_pixels=IMAGE_SIDE**2), tokenizer=tokenizer,
+                            video_processor=Qwen2VLVideoProcessor(), chat_template=tokenizer.chat_template).save_pretrained(folder)
+    else:
+        config = Qwen2Config(**shape, **tokens)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 7B model's random init takes minutes on a CPU
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
@@ -72,21 +105,34 @@ def build_model(folder: Path, shape: dict) -> Path:
     return folder
 
 
-def write_prompts(model: Path, path: Path, count: int) -> Path:
-    """`count` records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long."""
+def write_prompts(model: Path, path: Path, count: int, vision: bool = False) -> Path:
+    """`count` records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long; with `vision`, each also
+    holds one IMAGE_SIDE-square image of seeded noise (its IMAGE_TOKENS tokens come on top)."""
+    from PIL import Image
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    length = lambda text: len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"])
-    records = []
+    content = lambda text: [{"type": "image"}, {"type": "text", "text": text}] if vision else text
+    # an image part renders as one placeholder token, which the data loader expands to the image's tokens
+    length = lambda text: len(tokenizer.apply_chat_template([{"role": "user", "content": content(text)}],
+                                                            add_generation_prompt=True)["input_ids"]) - vision
+    records, texts = [], []
     for i in range(count):
         text = f"Problem {i}: what is {i} + {i}?"
         while length(text) < PROMPT_TOKENS:
             text += f" {(i * 7 + len(text)) % 10}"
         while length(text) > PROMPT_TOKENS:
             text = text[:-1]
-        records.append({"prompt": text, "answer": str(2 * i)})
-    assert {length(r["prompt"]) for r in records} == {PROMPT_TOKENS}
+        texts.append(text)
+        record = {"prompt": [{"role": "user", "content": content(text)}], "answer": str(2 * i)}
+        if vision:
+            image = path.parent / "images" / f"{i}.png"
+            image.parent.mkdir(exist_ok=True)
+            noise = torch.randint(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+            Image.fromarray(noise.numpy()).save(image)
+            record["images"] = [str(image)]
+        records.append(record)
+    assert {length(text) for text in texts} == {PROMPT_TOKENS}
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
@@ -163,24 +209,24 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
 
 def standalone_generate(model: Path, prompts: Path, config, threads: int | None) -> dict:
     """The rollout engine alone, in this process (with `threads` torch threads, else torch's default), on one GPU's
-    share of the prompts (the first PROMPTS) and the same settings; the second and third runs are timed."""
-    from transformers import AutoTokenizer
-
+    share of the prompts (the first PROMPTS, read by the loop's own loader: the same ids and images) and the same
+    settings; the second and third runs are timed."""
     if threads:
         torch.set_num_threads(threads)
 
+    from oxrl_core.data.records import load_prompts
+    from oxrl_core.loops.run_folder import load_tokenizer
     from oxrl_core.rollout.engine import RolloutEngine
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
-                                         add_generation_prompt=True)["input_ids"] for line in prompts.read_text().splitlines()[:PROMPTS]]
     r = config.rollout
+    examples = load_prompts(prompts, load_tokenizer(str(model))[0], r.max_prompt_len, strict=True)[0][:PROMPTS]
+    ids, images = [x.prompt_ids for x in examples], [x.images for x in examples]
     engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0,
                            len(ids) * r.n_samples)
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, r.max_tokens, list(range(len(ids))))
+        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, r.max_tokens, list(range(len(ids))), images)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)
@@ -193,30 +239,37 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
     and their gradients do not fit one GPU whole. Micro-batches of 32 sequences: the trainer's peak with them, 28.0 GB,
     stays under the 28.4 GB it reached at 16 before the fused head, and the training phase runs 3-5 points of MFU
-    higher (benchmarks/RESULTS.md)."""
-    model = build_model(out / f"qwen2.5-{shape}-shape", QWEN25_SHAPES[shape])
-    prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus)
+    higher (benchmarks/RESULTS.md).
+
+    The vision shape trains its 3.1B language-model weights (the vision tower frozen, oxrl's default) as a user of an
+    80 GB GPU would: ZeRO-2 (on one GPU as ZeRO-1; on several, the float32 states sharded), recomputed activations
+    and micro-batches of 16 (a VLM runs padded), and vLLM with 0.35 of the memory for all 512 sequences' KV cache."""
+    vision = shape in QWEN25_VL_SHAPES
+    model = build_model(out / f"qwen2.5-{shape}-shape", (QWEN25_SHAPES | QWEN25_VL_SHAPES)[shape])
+    prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision)
+    micro_batch = 16 if vision else 32
     config_path = out / "rl_step.yaml"
     config_path.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(model), "dtype": "bfloat16"},
+        "model": {"name_or_path": str(model), "dtype": "bfloat16", "gradient_checkpointing": vision},
         "data": {"train": [{"path": str(prompts)}]},
-        "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant",
-                  "batch_size": PROMPTS * SAMPLES * gpus, "micro_batch_size": 32, "grad_accum": PROMPTS * SAMPLES // 32},
-        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS, "max_prompt_len": PROMPT_TOKENS,
-                    "gpu_memory_utilization": 0.4, "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
+        "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant", "batch_size": PROMPTS * SAMPLES * gpus,
+                  "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
+        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS,
+                    "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
+                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
         "reward": {"func": "math"},
-        "deepspeed": {"zero_stage": 3 if shape == "32b" else 1},
+        "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
         "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus},
     }))
     return model, prompts, config_path
 
 
-def workload_parser(doc: str, loop: str, steps: int) -> argparse.ArgumentParser:
+def workload_parser(doc: str, loop: str, steps: int, shapes: dict) -> argparse.ArgumentParser:
     """The arguments rl_step.py and sl_step.py share: where, how many steps, the model's shape, the GPUs, overrides."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=steps, help=f"{loop} steps; the median of all but the first is reported")
-    parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b", help="the Qwen2.5 model shape")
+    parser.add_argument("--shape", choices=sorted(shapes), default="0.5b", help="the model's shape")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank (and, in RL, an engine's worker) "
                         "with PROMPTS x SAMPLES sequences of the step; MFU counts the peak of all of them")
     parser.add_argument("overrides", nargs="*", help=f"KEY=VALUE config overrides, as for `oxrl train {loop.lower()}`")
@@ -224,7 +277,7 @@ def workload_parser(doc: str, loop: str, steps: int) -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    parser = workload_parser(__doc__, "RL", steps=4)
+    parser = workload_parser(__doc__, "RL", steps=4, shapes=QWEN25_SHAPES | QWEN25_VL_SHAPES)
     parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
                         "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
     parser.add_argument("--no-standalone", action="store_true", help="skip the standalone engine's reference runs "
@@ -267,28 +320,37 @@ def main() -> None:
                "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
                "rollout_windows": windows}
 
-    n_params = _parameter_count(model)
-    tokens = config.train.batch_size * (PROMPT_TOKENS + step["response_length"])
+    n_params, n_vision = _parameter_count(model), _parameter_count(model, "visual.")
+    n_text = n_params - n_vision
+    length = config.rollout.max_prompt_len + step["response_length"]  # every prompt is exactly max_prompt_len tokens
+    tokens = config.train.batch_size * length
     phases = ("generate", "reward", "logprobs", "train", "refresh")
     step_s = sum(step[f"time_{p}_s"] for p in phases)
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
     # forward, over the full (unmasked) T x T as PaLM does
-    shape = QWEN25_SHAPES[args.shape]
-    attention = 4 * shape["num_hidden_layers"] * shape["hidden_size"] * (PROMPT_TOKENS + step["response_length"])
+    shape = (QWEN25_SHAPES | QWEN25_VL_SHAPES)[args.shape]
+    text_shape = shape.get("text_config", shape)
+    attention = 4 * text_shape["num_hidden_layers"] * text_shape["hidden_size"] * length
+    # The vision tower reads each sequence's image patches in every forward (2 FLOPs per weight and patch); frozen, it
+    # has no backward. Counted per sequence, as the trainer runs it (vLLM encodes a prompt's image once for 8 samples).
+    patches = config.train.batch_size * IMAGE_PATCHES * bool(n_vision)
+    vision_train = 2 if config.model.freeze_vision else 6
+    logprobs_flops = 2 * n_text * tokens + 2 * n_vision * patches
+    train_flops = train_flops_per_token(config, n_text) * tokens + vision_train * n_vision * patches
     phase_s = step["time_train_s"] + step["time_logprobs_s"]
-    train_flops = train_flops_per_token(config, n_params)
     gpus, peak = args.gpus, PEAK_FLOPS * ranks  # the training phase runs on the ranks' GPUs (split: not the engines')
     result |= {
-        "params": n_params, "train_tokens": tokens, "step_s": step_s, "train_flops_per_token_per_param": train_flops // n_params,
+        "params": n_params, "vision_params": n_vision, "train_tokens": tokens, "step_s": step_s,
+        "train_flops_per_token_per_param": train_flops_per_token(config, n_text) // n_text,
         "train_tokens_per_s": tokens / step["time_train_s"],
         "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / ranks,  # per trainer GPU
         "step_tokens_per_s_per_gpu": tokens / step_s / gpus,  # prompt + response tokens of the whole step: the scaling figure
         "generate_tokens_per_s_per_gpu": step["generate_tokens_per_s"] / gpus,
-        "train_mfu": train_flops * tokens / step["time_train_s"] / peak,
-        "logprobs_mfu": 2 * n_params * tokens / step["time_logprobs_s"] / peak,
+        "train_mfu": train_flops / step["time_train_s"] / peak,
+        "logprobs_mfu": logprobs_flops / step["time_logprobs_s"] / peak,
         # a forward (logprobs) + forward/backward
-        "training_phase_mfu": (2 * n_params + train_flops) * tokens / phase_s / peak,
-        "training_phase_mfu_with_attention": (2 * n_params + train_flops + 4 * attention) * tokens / phase_s / peak,
+        "training_phase_mfu": (logprobs_flops + train_flops) / phase_s / peak,
+        "training_phase_mfu_with_attention": (logprobs_flops + train_flops + 4 * attention * tokens) / phase_s / peak,
         "refresh_share": step["time_refresh_s"] / step_s,
     }
     if reference:  # the standalone engine has one GPU's share of the prompts
@@ -319,14 +381,15 @@ def train_flops_per_token(config, n_params: int) -> int:
     return (4 if config.lora.enabled else 6) * n_params
 
 
-def _parameter_count(folder: Path) -> int:
-    """From the safetensors headers (a 7B model comes in several files), loading nothing."""
+def _parameter_count(folder: Path, part: str = "") -> int:
+    """From the safetensors headers (a 7B model comes in several files), loading nothing; with `part`, of the weights
+    whose names hold it."""
     from safetensors import safe_open
 
     count = 0
     for path in folder.glob("*.safetensors"):
         with safe_open(path, "pt") as f:
-            count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+            count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys() if part in name)
     return count
 
 

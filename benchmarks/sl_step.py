@@ -40,7 +40,7 @@ def write_sft_records(model: Path, path: Path, count: int) -> Path:
 
 
 def main() -> None:
-    args = workload_parser(__doc__, "SL", steps=3).parse_args()
+    args = workload_parser(__doc__, "SL", steps=3, shapes=QWEN25_SHAPES).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / f"qwen2.5-{args.shape}-shape", QWEN25_SHAPES[args.shape])
     sequences = PROMPTS * SAMPLES * args.gpus

@@ -14,7 +14,7 @@ from oxrl_cli.onboard import onboard
 from oxrl_cli.preprocess import preprocess
 from oxrl_cli.train import train_app
 from oxrl_core import __version__
-from oxrl_core.errors import OxrlError
+from oxrl_core.errors import Hang, OxrlError
 from oxrl_core.loops.signals import Stopped
 
 app = typer.Typer(
@@ -56,7 +56,8 @@ app.command("preprocess")(preprocess)
 
 def main() -> None:
     """Console-script entry: a user mistake is one line on stderr and exit code 2; a run stopped by a signal says
-    how to continue and exits with the signal's code (143 SIGTERM, 130 SIGINT)."""
+    how to continue and exits with the signal's code (143 SIGTERM, 130 SIGINT); a hung run names who was stuck and how
+    to continue, and exits 1."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its store migrations log at INFO
     try:
         app()
@@ -64,7 +65,14 @@ def main() -> None:
         err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Stopped as e:
-        command = shlex.join(["oxrl", *(a for a in sys.argv[1:] if a != "--resume")])
-        again = f"to continue: {command} --resume" if e.resumable else f"nothing to resume; to start: {command}"
-        err_console.print(f"{e}; {again}", highlight=False, soft_wrap=True)
+        err_console.print(f"{e}; {_again(e.resumable)}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except Hang as e:
+        err_console.print(f"[red]{e}[/]. Stacks: {e.stacks}; {_again(e.resumable)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+
+
+def _again(resumable: bool) -> str:
+    """How to go on after a stop: this command with --resume, or from the start where no checkpoint was written."""
+    command = shlex.join(["oxrl", *(a for a in sys.argv[1:] if a != "--resume")])
+    return f"to continue: {command} --resume" if resumable else f"nothing to resume; to start: {command}"

@@ -82,6 +82,12 @@ class RunSection(Section):
     train_ranks: PositiveInt = Field(1, description="DeepSpeed ranks: one GPU each on GPU machines, one process each on CPU.")
     checkpoint_every: Annotated[int, Field(ge=0)] = Field(0, description="Save a checkpoint every N steps (0: only at the end).")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI; default `$MLFLOW_TRACKING_URI`, else a local store in the run folder.")
+    hang_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        300.0, description="A wait on a trainer rank, vLLM engine or judge that runs past its deadline is a hang: the run "
+                           "names the stuck actor, writes every actor's Python stacks to stacks.txt and stops (resume from "
+                           "the last checkpoint). The deadline: 4 x this the first time a phase runs (start-up, "
+                           "compiling), later 5 x the phase's longest earlier run (scaled up to more work), never less "
+                           "than this. Also the process groups' timeout (4 x this). 0: no deadlines.")
 
 
 class TrainCommon(Section):

@@ -156,7 +156,8 @@ def ray_cluster(config: SLConfig | RLConfig | None = None):
         if config is not None and placement is None:
             placement = decide(config, int(ray.cluster_resources().get("GPU", 0)))
         from oxrl_core.placement.groups import Reservation
+        from oxrl_core.placement.watch import ActorWatch
 
-        yield Reservation(placement) if placement else None
+        yield Reservation(placement, ActorWatch(config.run.hang_timeout_s)) if placement else None
     finally:
         ray.shutdown()

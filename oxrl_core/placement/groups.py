@@ -12,11 +12,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from oxrl_core.errors import OxrlError
 from oxrl_core.placement import PLACEMENT_TIMEOUT_S, Placement
+from oxrl_core.placement.watch import ActorWatch
 
 
 class Reservation:
-    def __init__(self, placement: Placement):
-        self.placement = placement
+    def __init__(self, placement: Placement, watch: ActorWatch):
+        """`watch`: every actor placed here is added to it, and the driver waits on them through it."""
+        self.placement, self.watch = placement, watch
         bundle = {"GPU": 1, "CPU": 1} if placement.on_gpu else {"CPU": 1}
         # The trainer's bundles pack onto as few nodes as fit; an engine's workers must share a node (its
         # tensor-parallel group), so each split engine has a group of its own.
@@ -80,7 +82,7 @@ class Reservation:
     def record(self, run_dir: Path, ranks: list, engines: list[list]) -> str:
         """Write where each trainer rank and engine worker runs (node, address, GPUs) to placement.json; return the
         placement in a line for the console."""
-        where = ray.get([actor.__ray_call__.remote(_where) for actor in [*ranks, *(w for e in engines for w in e)]],
+        where = ray.get([self.watch.where(actor) for actor in [*ranks, *(w for e in engines for w in e)]],
                         timeout=PLACEMENT_TIMEOUT_S)
         workers = iter(where[len(ranks):])
         (run_dir / "placement.json").write_text(json.dumps(
@@ -101,12 +103,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _where(_actor) -> dict:
-    context = ray.get_runtime_context()
-    return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address(),
-            "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
 
 @ray.remote(num_cpus=0)

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-CHANNEL_TIMEOUT = datetime.timedelta(minutes=30)
-
 
 @dataclass(frozen=True)
 class WeightSpec:
@@ -54,14 +52,16 @@ def buckets(plan: list[WeightSpec], bucket_bytes: int) -> list[list[WeightSpec]]
 class WeightChannel:
     """This process's end of the broadcast group: rank 0 is the trainer, 1..N the engine workers."""
 
-    def __init__(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec], bucket_bytes: int):
-        store = dist.TCPStore(address, port, world, is_master=rank == 0, timeout=CHANNEL_TIMEOUT)
+    def __init__(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec], bucket_bytes: int,
+                 timeout: datetime.timedelta):
+        """`timeout`: how long joining, and each broadcast, may wait for the others (`watch.collective_timeout`)."""
+        store = dist.TCPStore(address, port, world, is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore("oxrl-weights", store)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
-            self.group = dist.ProcessGroupNCCL(store, rank, world)
+            self.group = dist.ProcessGroupNCCL(store, rank, world, timeout)
         else:
-            self.group = dist.ProcessGroupGloo(store, rank, world, CHANNEL_TIMEOUT)
+            self.group = dist.ProcessGroupGloo(store, rank, world, timeout)
         self.buckets = buckets(plan, bucket_bytes)
 
     def send(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

@@ -120,7 +120,7 @@ class Judge:
         self.settings, self.template = settings, check_judge(settings)
         self.model_path = resolve_model(settings.model, key="reward.judge.model")
         self.tokenizer, _ = load_tokenizer(self.model_path)
-        self.engine, self.log_path, self.calls = None, None, 0
+        self.engine, self.watch, self.log_path, self.calls = None, None, None, 0
         self.judgments, self._log_budget = None, 0  # judgments.jsonl, and the bytes it may still take
         self.engine_seconds = 0.0  # the engine's time in the last `score_batch`
 
@@ -133,10 +133,11 @@ class Judge:
         s = self.settings
         sequences = samples_per_step * (2 if s.score == "pairwise" else 1)
         self.log_path = run_dir / "logs" / "judge.log"
-        self.engine = ray.remote(RolloutEngine).options(**reservation.judge_options()).remote(
+        self.watch = reservation.watch
+        self.engine = self.watch.add(ray.remote(RolloutEngine).options(**reservation.judge_options()).remote(
             self.model_path, "bfloat16" if reservation.placement.on_gpu else "float32", s.max_model_len,
-            s.gpu_memory_utilization, 0, sequences, self.log_path)
-        failure = ray.get(self.engine.start_failure.remote())
+            s.gpu_memory_utilization, 0, sequences, self.log_path), "judge", self.log_path)
+        failure = self.watch.get([self.engine.start_failure.remote()], "judge start")[0]
         if failure:
             raise start_error(failure, self.log_path)
         self._log_budget = int(s.log_max_mb * 2**20)
@@ -201,19 +202,17 @@ class Judge:
         return ids, [i for i, text in enumerate(why) if not text], why
 
     def _call(self, method: str, prompt_ids: list[list[int]], *args):
-        """`method` of the judge's engine on `prompt_ids` (nothing to do for none), timed; an engine that died or
-        stopped answering is `RewardUnavailable`."""
+        """`method` of the judge's engine on `prompt_ids` (nothing to do for none), timed; an engine that died is
+        `RewardUnavailable` (one that hangs, `watch.Hang`)."""
         import ray
-
-        from oxrl_core.training.group import RAY_CALL_TIMEOUT_S
 
         self.calls += 1
         start = time.perf_counter()
         try:
-            result = ray.get(getattr(self.engine, method).remote(prompt_ids, *args), timeout=RAY_CALL_TIMEOUT_S) if prompt_ids else []
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            what = "died" if isinstance(e, ray.exceptions.RayActorError) else f"gave no answer in {RAY_CALL_TIMEOUT_S} s"
-            raise RewardUnavailable(f"reward.func=judge: the judge's vLLM engine {what} (its log: {self.log_path})") from None
+            result = self.watch.get([getattr(self.engine, method).remote(prompt_ids, *args)], f"judge {method}",
+                                    len(prompt_ids))[0] if prompt_ids else []
+        except ray.exceptions.RayActorError:
+            raise RewardUnavailable(f"reward.func=judge: the judge's vLLM engine died (its log: {self.log_path})") from None
         self.engine_seconds = time.perf_counter() - start
         return result
 

@@ -4,6 +4,7 @@ Each rollout carries the policy version of the weights that produced it, so
 the trainer can refuse stale samples (`checks.stability.check_policy_version`).
 """
 
+import datetime
 import os
 import traceback
 from collections.abc import Iterator
@@ -229,8 +230,8 @@ class RolloutEngine:
         self.load_weights(open_ipc(handles), policy_version)
 
     def open_weight_channel(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec],
-                            bucket_bytes: int) -> None:
-        self.channel = WeightChannel(address, port, rank, world, plan, bucket_bytes)
+                            bucket_bytes: int, timeout: datetime.timedelta) -> None:
+        self.channel = WeightChannel(address, port, rank, world, plan, bucket_bytes, timeout)
 
     def receive_weights(self, policy_version: int) -> None:
         """Load the weights trainer rank 0 broadcasts (`TrainEngine.send_weights`), bucket by bucket."""

@@ -11,9 +11,10 @@ import ray
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.placement.groups import Reservation
 from oxrl_core.placement.transport import buckets
+from oxrl_core.placement.watch import collective_timeout
 from oxrl_core.rollout.engine import Rollout, RolloutEngine, start_error
 from oxrl_core.training.engine import model_dtype
-from oxrl_core.training.group import RAY_CALL_TIMEOUT_S, TrainGroup
+from oxrl_core.training.group import TrainGroup
 
 
 class RolloutPool:
@@ -21,7 +22,7 @@ class RolloutPool:
                  group: TrainGroup):
         """Starts the engines and waits for them (an engine that cannot start is one line, `start_error`), then
         connects them to the trainer for weight refreshes."""
-        r, self.config, self.group = config.rollout, config, group
+        r, self.config, self.group, self.watch = config.rollout, config, group, reservation.watch
         self.placement, tp = reservation.placement, r.tensor_parallel_size
         dtype = str(model_dtype(config)).removeprefix("torch.")
         # The samples of one step, shared by the engines: an RL batch counts samples, an SL batch prompts.
@@ -33,13 +34,14 @@ class RolloutPool:
             workers = []
             for shard in range(tp):
                 logs.append(log_dir / (f"engine{e}.log" if tp == 1 else f"engine{e}-tp{shard}.log"))
-                workers.append(ray.remote(RolloutEngine).options(**options[shard]).remote(
+                workers.append(self.watch.add(ray.remote(RolloutEngine).options(**options[shard]).remote(
                     model_path, dtype, r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, config.train.seed + e,
-                    -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None))
+                    -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None),
+                    logs[-1].stem, logs[-1]))
             self.engines.append(workers)
         self.workers = [w for workers in self.engines for w in workers]
         self._releasing: list[ray.ObjectRef] = []  # the ranks' frees of their last refresh's copies
-        for failure, log in zip(ray.get([w.start_failure.remote() for w in self.workers]), logs):
+        for failure, log in zip(self.watch.get([w.start_failure.remote() for w in self.workers], "engine start"), logs):
             if failure:
                 raise start_error(failure, log)
         plan, self.bucket_bytes = group.call("weight_plan")[0], r.weight_bucket_mb * 2**20
@@ -47,10 +49,10 @@ class RolloutPool:
         if not self.placement.weights_over_ipc:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
             address, port = reservation.address(reservation.rank_options(0))
-            world = 1 + len(self.workers)
-            ray.get([group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes),
-                     *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes)
-                       for i, w in enumerate(self.workers))], timeout=RAY_CALL_TIMEOUT_S)
+            world, timeout = 1 + len(self.workers), collective_timeout(config.run.hang_timeout_s)
+            self.watch.get([group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes, timeout),
+                            *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes, timeout)
+                              for i, w in enumerate(self.workers))], "weight channel")
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
                  images: list[tuple] | None = None) -> list[Rollout]:
@@ -65,7 +67,7 @@ class RolloutPool:
                                            [(seed_base * 100_003 + i) * n for i in share],
                                            [images[i] for i in share] if images else None) for w in workers])
                 for workers, share in zip(self.engines, shares) if share]
-        results = ray.get([f for _, futures in busy for f in futures], timeout=RAY_CALL_TIMEOUT_S)
+        results = self.watch.get([f for _, futures in busy for f in futures], "generate", len(prompts) * n)
         rollouts, at = [], 0
         for share, futures in busy:
             for rollout in results[at]:  # tensor-parallel rank 0's
@@ -79,16 +81,16 @@ class RolloutPool:
         """Bring every engine worker to the trainer's current weights; their samples then carry `policy_version`."""
         group = self.group
         if self.placement.weights_over_ipc:
-            ray.get(self._releasing, timeout=RAY_CALL_TIMEOUT_S)  # the last refresh's (its errors surface here)
+            self.watch.get(self._releasing, "release_shared_weights")  # the last refresh's (its errors surface here)
             engine_here = [r < len(self.workers) for r in range(len(group.ranks))]  # the other ranks join the gathers
             for bucket in range(self.weight_buckets):
                 handles = {}
                 for shared in group.call("share_weights", engine_here, bucket=bucket, bucket_bytes=self.bucket_bytes):
                     handles |= shared
-                ray.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], timeout=RAY_CALL_TIMEOUT_S)
+                self.watch.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], "load_shared_weights")
             # Not waited for: the ranks free their last copy while the engines sample the next step, and run it before
             # any later call to them (a Ray actor runs one caller's calls in order).
             self._releasing = group.call_async("release_shared_weights")
         else:
-            ray.get([*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
-                    timeout=RAY_CALL_TIMEOUT_S)
+            self.watch.get([*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
+                           "weight broadcast")

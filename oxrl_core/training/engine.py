@@ -5,6 +5,7 @@ called on all ranks at once because ZeRO needs every rank for a forward,
 a step, a gather or a checkpoint.
 """
 
+import datetime
 import importlib
 import os
 import sys
@@ -21,6 +22,7 @@ from oxrl_core.data.images import vision_inputs
 from oxrl_core.models.hub import is_vision_language, resolve_model
 from oxrl_core.models.value_head import VALUE_HEAD_FILE, PolicyWithValueHead
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
+from oxrl_core.placement.watch import collective_timeout, dump_stacks_on_request
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack, unpacking
@@ -98,7 +100,7 @@ class TrainEngine:
 
         # The shared-memory all-reduce op compiles for a minute and training does not need it.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", timeout=collective_timeout(config.run.hang_timeout_s))
 
         self.config, self.rank, self._dtype = config, rank, model_dtype(config)
         self.zero3 = config.deepspeed.zero_stage == 3
@@ -406,9 +408,9 @@ class TrainEngine:
         self._shared_weights = None
         torch.cuda.ipc_collect()  # memory the engines opened through IPC is freed only once they let go of it
 
-    def open_weight_channel(self, address: str, port: int, world: int, bucket_bytes: int) -> None:
+    def open_weight_channel(self, address: str, port: int, world: int, bucket_bytes: int, timeout: datetime.timedelta) -> None:
         """Rank 0 joins the broadcast group as its rank 0 (returns once every engine worker has joined)."""
-        self._channel = WeightChannel(address, port, 0, world, self.weight_plan(), bucket_bytes)
+        self._channel = WeightChannel(address, port, 0, world, self.weight_plan(), bucket_bytes, timeout)
 
     def send_weights(self) -> None:
         """Every rank joins the gathers; rank 0 broadcasts the weights to the engine workers."""
@@ -538,3 +540,4 @@ def redirect_output(path: Path) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    dump_stacks_on_request(path)  # an actor's process: the driver asks for its stacks when it hangs

@@ -12,24 +12,23 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.placement.groups import Reservation
 from oxrl_core.training.engine import TrainEngine
 
-RAY_CALL_TIMEOUT_S = 3600
-
-
 class TrainGroup:
     def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path, reservation: Reservation):
-        world = config.run.train_ranks
+        world, self.watch = config.run.train_ranks, reservation.watch
         master = reservation.address(reservation.rank_options(0))
-        self.ranks = [ray.remote(TrainEngine).options(**reservation.rank_options(rank)).remote(
-                          config, model_path, rank, world, master, log_dir)
+        self.ranks = [self.watch.add(ray.remote(TrainEngine).options(**reservation.rank_options(rank)).remote(
+                          config, model_path, rank, world, master, log_dir), f"rank{rank}", log_dir / f"rank{rank}.log")
                       for rank in range(world)]
         # A colocated vLLM measures the GPU memory left to it, so the ranks must be built first; otherwise they
         # start while the rollout engines do, and the first call waits for them.
         if reservation.placement.weights_over_ipc:
-            ray.get([rank.__ray_ready__.remote() for rank in self.ranks], timeout=RAY_CALL_TIMEOUT_S)
+            self.watch.get([rank.__ray_ready__.remote() for rank in self.ranks], "trainer start")
 
     def call(self, method: str, *per_rank_args, **common) -> list:
-        """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all."""
-        return ray.get(self.call_async(method, *per_rank_args, **common), timeout=RAY_CALL_TIMEOUT_S)
+        """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all. Its deadline
+        scales with the micro-batches, where the first per-rank argument is a list of them."""
+        units = sum(len(x) for x in per_rank_args[0] if isinstance(x, list)) if per_rank_args else 0
+        return self.watch.get(self.call_async(method, *per_rank_args, **common), method, max(units, 1))
 
     def call_async(self, method: str, *per_rank_args, **common) -> list:
         """`call` without waiting: the ranks' futures."""

@@ -13,6 +13,7 @@ import ray
 from oxrl_core.errors import OxrlError
 from oxrl_core.placement import Placement
 from oxrl_core.placement.groups import Reservation
+from oxrl_core.placement.watch import ActorWatch
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +44,20 @@ def gpus_of(reservation: Reservation, ranks: int, engines: list[int]) -> tuple[l
 @pytest.mark.own_ray_cluster
 def test_colocated_ranks_get_a_gpu_each_and_each_engine_worker_joins_one(two_declared_gpus):
     """The layout that crashed with NCCL's "Duplicate GPU detected": 2 ranks + 2 engines on 2 GPUs."""
-    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 2, 1)), 2, [1, 1])
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 2, 1), ActorWatch(0)), 2, [1, 1])
     assert all(len(g) == 1 for g in ranks) and ranks[0] != ranks[1]
     assert [w[0] for w in workers] == ranks  # engine i on rank i's GPU
 
 
 @pytest.mark.own_ray_cluster
 def test_a_tensor_parallel_engine_spans_the_ranks_gpus(two_declared_gpus):
-    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 1, 2)), 2, [2])
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 2, 1, 2), ActorWatch(0)), 2, [2])
     assert ranks[0] != ranks[1] and workers == [ranks]
 
 
 @pytest.mark.own_ray_cluster
 def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
-    ranks, workers = gpus_of(Reservation(Placement("split", True, 1, 1, 1)), 1, [1])
+    ranks, workers = gpus_of(Reservation(Placement("split", True, 1, 1, 1), ActorWatch(0)), 1, [1])
     assert ranks[0] != workers[0][0]
 
 
@@ -83,7 +84,7 @@ def two_nodes_of_four_declared_gpus():
 def test_eight_colocated_ranks_on_two_nodes_get_a_gpu_each_and_each_tensor_parallel_engine_stays_on_one_node(
         two_nodes_of_four_declared_gpus):
     """Issue 19's layout: 8 ranks, 4 engines of tensor parallelism 2, each engine worker on its rank's GPU."""
-    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 8, 4, 2)), 8, [2, 2, 2, 2])
+    ranks, workers = gpus_of(Reservation(Placement("colocated", True, 8, 4, 2), ActorWatch(0)), 8, [2, 2, 2, 2])
     assert all(len(g) == 1 for g in ranks) and len({g[0] for g in ranks}) == 8
     assert [[w[0] for w in engine] for engine in workers] == [[ranks[2 * e][0], ranks[2 * e + 1][0]] for e in range(4)]
     assert all(len({w[0].split(":")[0] for w in engine}) == 1 for engine in workers)
@@ -91,7 +92,7 @@ def test_eight_colocated_ranks_on_two_nodes_get_a_gpu_each_and_each_tensor_paral
 
 @pytest.mark.own_ray_cluster
 def test_split_six_ranks_and_two_engines_on_two_nodes_use_each_of_the_eight_gpus_once(two_nodes_of_four_declared_gpus):
-    ranks, workers = gpus_of(Reservation(Placement("split", True, 6, 2, 1)), 6, [1, 1])
+    ranks, workers = gpus_of(Reservation(Placement("split", True, 6, 2, 1), ActorWatch(0)), 6, [1, 1])
     assert len({g[0] for g in ranks} | {w[0][0] for w in workers}) == 8
 
 
@@ -105,7 +106,7 @@ def test_a_colocated_tensor_parallel_engine_that_would_span_two_nodes_is_refused
     """6 ranks on two 3-GPU nodes, engines of tensor parallelism 2: engine 1's workers would sit on ranks 2 and 3, one
     on each node. Refused before any actor starts, with the way out; the reservation is given back."""
     with pytest.raises(OxrlError, match=r"engine 1's 2 tensor-parallel workers would sit on the GPUs of trainer ranks 2-3"):
-        Reservation(Placement("colocated", True, 6, 3, 2))
+        Reservation(Placement("colocated", True, 6, 3, 2), ActorWatch(0))
     assert ray.util.placement_group_table() == {} or all(
         g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
 

@@ -1,0 +1,57 @@
+"""A run whose actor stops answering (frozen with SIGSTOP: what a hung collective, a GPU stuck in a kernel or a
+swapping host look like from outside) ends within its deadline, names the stuck actor, keeps its stacks and its last
+checkpoint, leaves no process behind, and resumes."""
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from oxrl_core.placement.watch import FIRST_RUN_FACTOR
+
+pytestmark = pytest.mark.integration
+HANG_TIMEOUT_S = 30  # start-up on a loaded 2-core machine may take most of its 120 s first-run bound
+
+
+def hang_args(tiny_model_dir, out: Path) -> list[str]:
+    return ["train", "rl", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+            f"run.output_dir={out}", "run.name=run", "train.steps=3", "run.checkpoint_every=1", "data.val=null",
+            f"run.hang_timeout_s={HANG_TIMEOUT_S}", "train.batch_size=32", "train.grad_accum=1", "rollout.max_tokens=8"]
+
+
+def pid_in_placement(run: Path, role: str) -> int:
+    placement = json.loads((run / "placement.json").read_text())
+    return placement["ranks"][1]["pid"] if role == "rank1" else placement["engines"][0][0]["pid"]
+
+
+@pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
+@pytest.mark.parametrize("stuck, peer", [("rank1", "rank0"), ("engine0", None)], ids=["trainer-rank", "vllm-engine"])
+def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resume(
+        tmp_path, tiny_model_dir, oxrl, oxrl_signalled, stuck, peer):
+    args, run = hang_args(tiny_model_dir, tmp_path), tmp_path / "run"
+    hung = oxrl_signalled(args, lambda stdout: (run / "ds" / "latest").is_file(), signal.SIGSTOP,
+                          pid_of=lambda: pid_in_placement(run, stuck))
+    assert hung.returncode == 1, hung.stderr[-3000:]
+    # every phase has run once before the first checkpoint: its deadline is 5 x its longest run, at least the floor
+    assert hung.seconds_to_exit < FIRST_RUN_FACTOR * HANG_TIMEOUT_S + 60, hung.seconds_to_exit
+    message = hung.stderr.strip().splitlines()[-1]
+    assert message.startswith("hang: ") and f"{stuck} (pid {pid_in_placement(run, stuck)} on " in message, message
+    assert f"{stuck} (pid" in message and ", stopped)" in message, message
+    assert message.endswith(" --resume") and f"Stacks: {run / 'stacks.txt'}" in message, message
+    stacks = (run / "stacks.txt").read_text()
+    assert re.search(rf"=== {stuck} \(pid \d+ .*, stopped\) -- stuck\n\(no stacks: a stopped process cannot answer\)", stacks)
+    # every other actor's Python stacks: the ranks' and the engine's
+    assert all(f"=== {actor} (pid" in stacks for actor in ("rank0", "rank1", "engine0"))
+    assert re.search(r'File ".*", line \d+ in ', stacks), stacks[-3000:]
+    if peer:  # the peer that waits for the stopped rank in a collective is named as stuck too
+        assert f"{peer} (pid" in message, message
+    assert "--- hang" in (run / "crash.txt").read_text()
+    finished = max(int(n) for n in re.findall(r"step (\d+)/3", hung.stdout))
+    assert (run / "ds" / "latest").read_text() == f"step-{finished}"
+    assert hung.leftover_processes == [], hung.leftover_processes
+
+    resumed = oxrl(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["history"][-1]["step"] == 3
