@@ -5,6 +5,8 @@ GPU machine with `bash tests/gpu/run.sh` and record the result in tests/gpu/RESU
 import json
 import math
 import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,33 @@ def test_split_engines_on_their_own_gpus_take_each_refresh_by_nccl_broadcast(tmp
     rank_gpus = {g for r in placement["ranks"] for g in r["gpus"]}
     engine_gpus = {g for w in placement["engines"][0] for g in w["gpus"]}
     assert len(rank_gpus) == ranks and len(engine_gpus) == tensor_parallel and not rank_gpus & engine_gpus
+
+
+@pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_split_run_whose_engine_stops_before_the_nccl_weight_broadcast_ends_named_and_resumes(
+        tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
+    """The CPU suite's hang test (tests/integration/test_hangs.py) on GPUs: 1 rank + 1 engine, split; the engine is
+    stopped in step 2's reward phase, after step 1's checkpoint, so trainer rank 0 waits for it inside the NCCL
+    broadcast of the refresh. The run ends within the broadcast's deadline, names both, kills them, and resumes."""
+    run, pause = tmp_path / "hang", tmp_path / "pause"
+    args = rl("cispo", tiny_model_dir, tmp_path, "hang", "run.train_ranks=1", "rollout.placement=split", "rollout.engines=1",
+              "train.micro_batch_size=16", "run.checkpoint_every=1", "run.hang_timeout_s=30",
+              "reward.func=rl_test_rewards:digit_share_pausing_once")
+    engine_pid = lambda: json.loads((run / "placement.json").read_text())["engines"][0][0]["pid"]
+    hung = oxrl_signalled(args, lambda stdout: pause.exists(), signal.SIGSTOP, after_signal=pause.unlink, pid_of=engine_pid,
+                          env=TEST_REWARD | {"PAUSE_FILE": str(pause), "PAUSE_AFTER": str(run / "ds" / "latest")})
+    message = hung.stderr.strip().splitlines()[-1]
+    print("hang on GPUs:", round(hung.seconds_to_exit, 1), "s after the stop:", message)
+    assert hung.returncode == 1 and message.startswith("hang: weight broadcast "), hung.stderr[-3000:]
+    assert f"engine0 (pid {engine_pid()} on " in message and ", stopped)" in message
+    assert re.search(r"rank0 \(pid \d+ on [^,]+, [a-z-]+, in \w+ \(\w+\.py:\d+\)\)", message), message
+    assert hung.seconds_to_exit < 4 * 30 + 60 and message.endswith(" --resume")
+    assert "=== engine0 (pid" in (run / "stacks.txt").read_text() and (run / "ds" / "latest").read_text() == "step-1"
+    assert hung.leftover_processes == [], hung.leftover_processes
+    resumed = oxrl(*args, "--resume", env=TEST_REWARD)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [h["step"] for h in history(run)] == [2, 3]
 
 
 def test_online_dpo_samples_with_vllm_in_the_sl_loop_on_one_gpu(tmp_path, tiny_model_dir, oxrl):

@@ -21,9 +21,10 @@ def nan(response: str, sample: dict) -> float:
 
 def digit_share_pausing_once(response: str, sample: dict) -> float:
     """`digit_share`; with $PAUSE_FILE set, the run's first call creates that file and waits until the test, having
-    signalled the run, removes it: the signal comes in step 1, at a known point."""
-    pause = os.environ.get("PAUSE_FILE")
-    if pause and not os.path.exists(pause + ".taken"):
+    signalled the run, removes it: the signal comes in step 1, at a known point. With $PAUSE_AFTER (a path) too, the
+    first call once that path exists (e.g. the first checkpoint's ds/latest) pauses instead."""
+    pause, after = os.environ.get("PAUSE_FILE"), os.environ.get("PAUSE_AFTER")
+    if pause and not os.path.exists(pause + ".taken") and (not after or os.path.exists(after)):
         open(pause + ".taken", "w").close()
         open(pause, "w").close()
         deadline = time.monotonic() + 120

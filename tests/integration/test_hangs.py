@@ -18,20 +18,25 @@ HANG_TIMEOUT_S = 30  # start-up on a loaded 2-core machine may take most of its 
 def hang_args(tiny_model_dir, out: Path) -> list[str]:
     return ["train", "rl", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
             f"run.output_dir={out}", "run.name=run", "train.steps=3", "run.checkpoint_every=1", "data.val=null",
-            f"run.hang_timeout_s={HANG_TIMEOUT_S}", "train.batch_size=32", "train.grad_accum=1", "rollout.max_tokens=8"]
+            f"run.hang_timeout_s={HANG_TIMEOUT_S}", "train.batch_size=32", "train.grad_accum=1", "rollout.max_tokens=8",
+            "reward.func=rl_test_rewards:digit_share_pausing_once"]
 
 
-def pid_in_placement(run: Path, role: str) -> int:
+def pid_in_placement(run: Path, actor: str) -> int:
     placement = json.loads((run / "placement.json").read_text())
-    return placement["ranks"][1]["pid"] if role == "rank1" else placement["engines"][0][0]["pid"]
+    return placement["ranks"][1]["pid"] if actor == "rank1" else placement["engines"][0][0]["pid"]
 
 
 @pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
-@pytest.mark.parametrize("stuck, peer", [("rank1", "rank0"), ("engine0", None)], ids=["trainer-rank", "vllm-engine"])
+@pytest.mark.parametrize("stuck, peer", [("rank1", "rank0"), ("engine0", "rank0")], ids=["trainer-rank", "vllm-engine"])
 def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resume(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled, stuck, peer):
-    args, run = hang_args(tiny_model_dir, tmp_path), tmp_path / "run"
-    hung = oxrl_signalled(args, lambda stdout: (run / "ds" / "latest").is_file(), signal.SIGSTOP,
+    """Stopped in step 2's reward phase, after step 1's checkpoint: a trainer rank, whose peer then waits for it in
+    ZeRO-3's all-gather of the logprobs pass; or the vLLM engine, for which trainer rank 0 then waits inside the
+    weight broadcast (gloo)."""
+    args, run, pause = hang_args(tiny_model_dir, tmp_path), tmp_path / "run", tmp_path / "pause"
+    env = {"PYTHONPATH": str(Path(__file__).parent), "PAUSE_FILE": str(pause), "PAUSE_AFTER": str(run / "ds" / "latest")}
+    hung = oxrl_signalled(args, lambda stdout: pause.exists(), signal.SIGSTOP, env=env, after_signal=pause.unlink,
                           pid_of=lambda: pid_in_placement(run, stuck))
     assert hung.returncode == 1, hung.stderr[-3000:]
     # every phase has run once before the first checkpoint: its deadline is 5 x its longest run, at least the floor
@@ -45,13 +50,13 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
     # every other actor's Python stacks: the ranks' and the engine's
     assert all(f"=== {actor} (pid" in stacks for actor in ("rank0", "rank1", "engine0"))
     assert re.search(r'File ".*", line \d+ in ', stacks), stacks[-3000:]
-    if peer:  # the peer that waits for the stopped rank in a collective is named as stuck too
-        assert f"{peer} (pid" in message, message
+    # the peer waiting for the stopped one in a collective is named as stuck too, with where it waits
+    assert re.search(rf"{peer} \(pid \d+ on [^,]+, [a-z-]+, in \w+ \(\w+\.py:\d+\)\)", message), message
+    assert message.startswith("hang: token_logprobs " if stuck == "rank1" else "hang: weight broadcast "), message
     assert "--- hang" in (run / "crash.txt").read_text()
-    finished = max(int(n) for n in re.findall(r"step (\d+)/3", hung.stdout))
-    assert (run / "ds" / "latest").read_text() == f"step-{finished}"
+    assert (run / "ds" / "latest").read_text() == "step-1" and "step 2/3" not in hung.stdout  # the last finished step
     assert hung.leftover_processes == [], hung.leftover_processes
 
-    resumed = oxrl(*args, "--resume")
+    resumed = oxrl(*args, "--resume", env={"PYTHONPATH": env["PYTHONPATH"]})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["history"][-1]["step"] == 3
