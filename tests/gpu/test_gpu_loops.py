@@ -5,7 +5,6 @@ GPU machine with `bash tests/gpu/run.sh` and record the result in tests/gpu/RESU
 import json
 import math
 import os
-import re
 import signal
 from pathlib import Path
 
@@ -147,8 +146,9 @@ def test_split_engines_on_their_own_gpus_take_each_refresh_by_nccl_broadcast(tmp
 def test_a_split_run_whose_engine_stops_before_the_nccl_weight_broadcast_ends_named_and_resumes(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
     """The CPU suite's hang test (tests/integration/test_hangs.py) on GPUs: 1 rank + 1 engine, split; the engine is
-    stopped in step 2's reward phase, after step 1's checkpoint, so trainer rank 0 waits for it inside the NCCL
-    broadcast of the refresh. The run ends within the broadcast's deadline, names both, kills them, and resumes."""
+    stopped in step 2's reward phase, after step 1's checkpoint, so the refresh's NCCL broadcast has a stopped peer
+    (rank 0's side of it may finish: the tiny model's weights fit NCCL's buffers on the engine's GPU; on 2 H200s it
+    did). The run ends within the broadcast's deadline, names the engine, kills it, and resumes."""
     run, pause = tmp_path / "hang", tmp_path / "pause"
     args = rl("cispo", tiny_model_dir, tmp_path, "hang", "run.train_ranks=1", "rollout.placement=split", "rollout.engines=1",
               "train.micro_batch_size=16", "run.checkpoint_every=1", "run.hang_timeout_s=30",
@@ -160,7 +160,6 @@ def test_a_split_run_whose_engine_stops_before_the_nccl_weight_broadcast_ends_na
     print("hang on GPUs:", round(hung.seconds_to_exit, 1), "s after the stop:", message)
     assert hung.returncode == 1 and message.startswith("hang: weight broadcast "), hung.stderr[-3000:]
     assert f"engine0 (pid {engine_pid()} on " in message and ", stopped)" in message
-    assert re.search(r"rank0 \(pid \d+ on [^,]+, [a-z-]+, in \w+ \(\w+\.py:\d+\)\)", message), message
     assert hung.seconds_to_exit < 4 * 30 + 60 and message.endswith(" --resume")
     assert "=== engine0 (pid" in (run / "stacks.txt").read_text() and (run / "ds" / "latest").read_text() == "step-1"
     assert hung.leftover_processes == [], hung.leftover_processes
