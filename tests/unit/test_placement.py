@@ -1,6 +1,8 @@
 """Placement rules and the weight broadcast's buckets: pure functions and one gloo round trip."""
 
+import datetime
 import threading
+import time
 
 import pytest
 import torch
@@ -10,6 +12,8 @@ from oxrl_core.errors import OxrlError
 from oxrl_core.placement import Placement, decide
 from oxrl_core.placement.groups import free_port
 from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
+
+TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def rl(ranks=1, engines=1, tp=1, placement="auto") -> RLConfig:
@@ -78,14 +82,14 @@ def test_the_broadcast_delivers_every_weight_bucket_by_bucket():
 
     def worker():
         try:
-            channel = WeightChannel("127.0.0.1", port, 1, 2, plan, bucket_bytes=16 * 4)
+            channel = WeightChannel("127.0.0.1", port, 1, 2, plan, bucket_bytes=16 * 4, timeout=TIMEOUT)
             received.extend((name, t.clone()) for name, t in channel.receive())
         except Exception as e:  # surfaced below
             errors.append(e)
 
     thread = threading.Thread(target=worker)
     thread.start()
-    channel = WeightChannel("127.0.0.1", port, 0, 2, plan, bucket_bytes=16 * 4)
+    channel = WeightChannel("127.0.0.1", port, 0, 2, plan, bucket_bytes=16 * 4, timeout=TIMEOUT)
     assert len(channel.buckets) == 3
     channel.send(iter(weights))
     thread.join(timeout=60)
@@ -93,6 +97,25 @@ def test_the_broadcast_delivers_every_weight_bucket_by_bucket():
     assert [n for n, _ in received] == [n for n, _ in weights]
     for (_, sent), (_, got) in zip(weights, received):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
+def test_a_broadcast_whose_sender_never_sends_is_an_error_after_the_channels_timeout():
+    """What a weight channel's peer sees when trainer rank 0 hangs or dies: an error after `timeout`, not a wait."""
+    plan, port, errors = [spec("a", 4)], free_port(), []
+
+    def worker():
+        channel = WeightChannel("127.0.0.1", port, 1, 2, plan, bucket_bytes=64, timeout=datetime.timedelta(seconds=2))
+        started = time.monotonic()
+        try:
+            list(channel.receive())
+        except RuntimeError as e:
+            errors.append((e, time.monotonic() - started))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    sender = WeightChannel("127.0.0.1", port, 0, 2, plan, bucket_bytes=64, timeout=datetime.timedelta(seconds=2))
+    thread.join(timeout=60)
+    assert sender.buckets and len(errors) == 1 and errors[0][1] < 30, errors
 
 
 def test_packing_refuses_weights_out_of_plan_order():
