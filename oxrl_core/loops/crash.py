@@ -21,7 +21,7 @@ def crash_report(run_dir: Path, config_yaml: str):
         raise
     except Hang as e:
         (run_dir / "stacks.txt").write_text(e.report)
-        _write(run_dir, config_yaml, f"--- hang (each stuck actor's stacks: stacks.txt)\n{e}\n")
+        _write(run_dir, config_yaml, f"--- hang (every actor's stacks: stacks.txt)\n{e}\n")
         e.stacks, e.resumable = run_dir / "stacks.txt", (run_dir / "ds" / "latest").is_file()
         raise
     except BaseException:

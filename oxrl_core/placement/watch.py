@@ -94,15 +94,15 @@ class ActorWatch:
         """`ray.get(refs)` within the phase's deadline. An actor's error is raised as soon as it arrives (a peer of
         a dead rank may wait in a collective forever); past the deadline, `Hang`."""
         bound, start = self.deadlines.bound(phase, units), time.monotonic()
-        pending = list(refs)
+        pending, values = list(refs), {}
         while pending:
             left = None if bound is None else bound - (time.monotonic() - start)
             if left is not None and left <= 0:
                 raise self._hang(pending, phase, time.monotonic() - start, bound)
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            ray.get(ready)  # raises the actor's error, if any
+            values.update(zip(ready, ray.get(ready)))  # raises the actor's error, if any
         self.deadlines.record(phase, units, time.monotonic() - start)
-        return ray.get(refs)
+        return [values[ref] for ref in refs]
 
     def _hang(self, pending: list, phase: str, waited: float, bound: float) -> Hang:
         stuck = {ref.task_id().actor_id() for ref in pending}
