@@ -147,7 +147,7 @@ class TrainEngine:
                                                      task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
         causal_lm = model.get_base_model() if config.lora.enabled else model  # the Hugging Face model, adapters in it
         if compiles_layers(config, on_gpu):
-            compile_blocks(causal_lm)
+            compile_blocks(causal_lm, self.vision)
         # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
         # DeepSpeed wraps the model, so that its ZeRO-3 hooks gather the weight around the fused op.
         self.policy_head = LogprobsHead.replace_output_layer(causal_lm)
@@ -452,12 +452,15 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(f"{type(model).__name__}: no vision tower found (visual, vision_tower or vision_model)")
 
 
-def compile_blocks(model: torch.nn.Module) -> None:
+def compile_blocks(model: torch.nn.Module, vision: bool = False) -> None:
     """Regional compilation: torch.compile (inductor) each of the model's repeated blocks, the decoder layers its
     `_no_split_modules` names. They share one compiled code (torch >= 2.5 does not specialise it on the module
-    instance), so a first step compiles one layer, not the whole model; a model naming no block is compiled whole."""
+    instance), so a first step compiles one layer, not the whole model; a model naming no block is compiled whole.
+    A vision tower's blocks stay eager: their attention splits the patches per image and window at lengths read to the
+    host (`.tolist()`), which the compiler unrolls and specialises on, recompiling for every batch of images."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    for block in [m for m in model.modules() if type(m).__name__ in names] or [model]:
+    eager = {id(m) for m in vision_tower(model).modules()} if vision else set()
+    for block in [m for m in model.modules() if type(m).__name__ in names and id(m) not in eager] or [model]:
         block.compile()
 
 

@@ -1,9 +1,9 @@
-"""Regional compilation (training/engine.py:compile_blocks): each decoder layer is compiled, and nothing else; and
-when `model.compile: auto` compiles."""
+"""Regional compilation (training/engine.py:compile_blocks): each decoder layer is compiled, and nothing else (a vision
+tower stays eager); and when `model.compile: auto` compiles."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from oxrl_core.config.schema import SLConfig
 from oxrl_core.training.engine import compile_blocks, compiles_layers
@@ -14,6 +14,13 @@ def test_each_decoder_layer_is_compiled_and_nothing_around_them(tiny_model_dir):
     compile_blocks(model)
     compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
     assert compiled == [f"model.layers.{i}" for i in range(model.config.num_hidden_layers)]
+
+
+def test_a_vision_language_models_decoder_layers_are_compiled_and_its_vision_blocks_stay_eager(tiny_vl_model_dir):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir)
+    compile_blocks(model, vision=True)
+    compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
+    assert compiled == [f"model.language_model.layers.{i}" for i in range(model.config.text_config.num_hidden_layers)]
 
 
 def test_a_model_naming_no_repeated_block_is_compiled_whole():
