@@ -12,6 +12,7 @@ from oxrl_cli.eval import eval_command
 from oxrl_cli.merge_lora import merge_lora
 from oxrl_cli.onboard import onboard
 from oxrl_cli.preprocess import preprocess
+from oxrl_cli.report import report
 from oxrl_cli.train import train_app
 from oxrl_core import __version__
 from oxrl_core.errors import Hang, OxrlError
@@ -52,6 +53,7 @@ app.command("onboard")(onboard)
 app.command("merge-lora")(merge_lora)
 app.command("eval")(eval_command)
 app.command("preprocess")(preprocess)
+app.command("report")(report)
 
 
 def main() -> None:

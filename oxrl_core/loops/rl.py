@@ -9,7 +9,6 @@ version that produced it.
 
 import json
 import time
-from contextlib import contextmanager
 
 import torch
 from rich.console import Console
@@ -65,7 +64,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                    "history": []}
         reward_errors = open(run_dir / "reward_errors.jsonl", "a")
 
-        with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
+        with crash_report(run_dir, config_yaml) as position, log, ray_cluster(config) as reservation:
             group = TrainGroup(config, model_path, run_dir / "logs", reservation)
             pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group)
             console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines)}")
@@ -89,7 +88,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             def evaluate() -> dict:
                 """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
                 estimated from `n_samples` samples each at the training temperature."""
-                result = {}
+                result, position.phase = {}, "eval"
                 for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
                                             ("eval_accuracy", rollout_cfg.n_samples, rollout_cfg.temperature)):
                     rollouts = generate(val_prompts, n, temperature, seed_base=0)
@@ -103,6 +102,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 pool.refresh(policy_version)
 
             def save(step: int, final: bool) -> None:
+                position.phase = "checkpoint"
                 loop_state = {"sampler": sampler.state_dict(), "policy_version": policy_version, "mlflow_run_id": log.run_id}
                 summary["checkpoint"] = str(save_checkpoint(group, run_dir, step, final, loop_state, model_path))
 
@@ -120,14 +120,15 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 bar = progress.add_task(train.alg, total=train.steps, completed=step, loss=float("nan"), tok_s=0.0)
                 for step in range(first_step, train.steps + 1):
                     seconds: dict[str, float] = {}
+                    position.step, position.policy_version = step, policy_version  # the version sampling this step
                     # 1. rollout
                     step_start = sampler.state_dict()
                     prompts = [prompt_sets[src][i] for src, i in sampler.next_batch(prompts_per_step)]
-                    with _timed(seconds, "generate"):
+                    with position.timed(seconds, "generate"):
                         rollouts = generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, seed_base=train.seed * 1_000_003 + step)
                     # 2. reward
                     try:
-                        with _timed(seconds, "reward"):
+                        with position.timed(seconds, "reward"):
                             score(rollouts, prompts)
                     except RewardUnavailable as e:  # nothing of this step is trained: keep the last step's weights
                         sampler.load_state_dict(step_start)  # --resume samples this step's prompts again
@@ -147,7 +148,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                         check_policy_version([r.policy_version for r in rollouts], policy_version)
                     per_rank = _rl_micro_batches(rollouts, per_sample, ranks, train.micro_batch_size, pad_id,
                                                  rollout_cfg.mask_truncated)
-                    with _timed(seconds, "logprobs"):  # old logprobs (and values, reference logprobs) on the trainer
+                    with position.timed(seconds, "logprobs"):  # old logprobs (and values, reference logprobs) on the trainer
                         if ppo:
                             scored = group.call("logprobs_and_values", per_rank, temperature=rollout_cfg.temperature)
                             old = [[logprobs for logprobs, _ in rank] for rank in scored]
@@ -170,7 +171,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                     else:
                         bad_steps = 0
                         num_tokens = sum(float(b["response_mask"].sum()) for r in per_rank for b in r)
-                        with _timed(seconds, "train"):
+                        with position.timed(seconds, "train"):
                             results = group.call("train_step", per_rank, alg=train.alg, temperature=rollout_cfg.temperature,
                                                  with_entropy=True, loss_kwargs=_loss_kwargs(config, num_tokens, len(rollouts)))
                         metrics |= _train_metrics(results, num_tokens)
@@ -179,7 +180,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                                                f"the last checkpoint are not trusted and none is written")
                     # 5. refresh
                     if not bad:
-                        with _timed(seconds, "refresh"):
+                        with position.timed(seconds, "refresh"):
                             refresh()
                     metrics |= _phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
                     metrics["policy_version"] = policy_version
@@ -308,13 +309,6 @@ def _train_metrics(results: list[dict], num_tokens: float) -> dict:
     if "peak_memory_gb" in results[0]:  # on GPU
         metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
     return metrics
-
-
-@contextmanager
-def _timed(seconds: dict, phase: str):
-    start = time.perf_counter()
-    yield
-    seconds[phase] = time.perf_counter() - start
 
 
 def _phase_metrics(seconds: dict, generated_tokens: int) -> dict:

@@ -90,7 +90,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
         reference_model = needs_reference_model(config)
         summary = {"run_dir": str(run_dir), "steps": train.steps, "first_step": first_step, "mlflow_run_id": log.run_id,
                    "history": []}
-        with crash_report(run_dir, config_yaml), log, ray_cluster(config) as reservation:
+        with crash_report(run_dir, config_yaml) as position, log, ray_cluster(config) as reservation:
             group = TrainGroup(config, model_path, run_dir / "logs", reservation)
             pool = RolloutPool(config, model_path, run_dir / "logs", reservation, group) if alg.generates else None
             console.print(f"placement: {reservation.record(run_dir, group.ranks, pool.engines if pool else [])}")
@@ -103,6 +103,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
 
             def sample(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
                 """`n` scored samples per prompt; a reward that raises scores `reward.on_error` and is reported."""
+                position.phase, position.policy_version = "sample", refreshed_at
                 rollouts = pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
                 responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
                 rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
@@ -195,6 +196,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                 return data
 
             def evaluate(step: int) -> dict:
+                position.phase = "eval"
                 if alg.data == "prompts":  # the policy's greedy answers to the held-out prompts, scored
                     if refreshed_at != step:
                         refresh(step)
@@ -208,6 +210,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                 return means
 
             def save(step: int, final: bool) -> None:
+                position.phase = "checkpoint"
                 loop_state = {"sampler": sampler.state_dict(), "mlflow_run_id": log.run_id}
                 summary["checkpoint"] = str(save_checkpoint(group, run_dir, step, final, loop_state, model_path))
 
@@ -222,7 +225,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
             with training_progress(console) as progress:
                 bar = progress.add_task(train.alg, total=train.steps, completed=first_step - 1, loss=float("nan"), tok_s=0.0)
                 for step in range(first_step, train.steps + 1):
-                    t0 = time.perf_counter()
+                    t0, position.step = time.perf_counter(), step
                     generated = {}  # statistics of the samples this step trains on
                     if iterative and (step == first_step or (step - 1) % steps_per_iteration == 0):
                         k = (step - 1) // steps_per_iteration + 1
@@ -244,6 +247,7 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                         items = [step_sets[src][i] for src, i in drawn]
                         refs = [train_refs[src][i] for src, i in drawn] if train_refs else None
                     per_rank, loss_kwargs = prepare(items, refs, training=True)
+                    position.phase = "train"
                     results = group.call("train_step", per_rank, alg=alg.loss, loss_kwargs=loss_kwargs)
                     elapsed = time.perf_counter() - t0
                     sums = _summed(results)

@@ -100,7 +100,14 @@ class ActorWatch:
             if left is not None and left <= 0:
                 raise self._hang(pending, phase, time.monotonic() - start, bound)
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            values.update(zip(ready, ray.get(ready)))  # raises the actor's error, if any
+            try:
+                values.update(zip(ready, ray.get(ready)))
+            except ray.exceptions.RayError as e:  # the actor's error, or its death: named for the crash report
+                watched = self._actors.get(ready[0].task_id().actor_id())
+                if watched is not None:
+                    e.actor = watched.name
+                    e.add_note(f"in {watched.name} (its log: {watched.log_path})")
+                raise
         self.deadlines.record(phase, units, time.monotonic() - start)
         return [values[ref] for ref in refs]
 

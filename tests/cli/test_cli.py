@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_help_lists_every_command(oxrl):
     result = oxrl("--help")
     assert result.returncode == 0
-    for command in ("train", "doctor", "onboard", "merge-lora", "preprocess", "eval", "demo"):
+    for command in ("train", "doctor", "onboard", "merge-lora", "preprocess", "eval", "report", "demo"):
         assert command in result.stdout
     train = oxrl("train", "--help")
     assert "sl" in train.stdout and "rl" in train.stdout

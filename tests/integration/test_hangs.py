@@ -1,6 +1,7 @@
 """A run whose actor stops answering (frozen with SIGSTOP: what a hung collective, a GPU stuck in a kernel or a
 swapping host look like from outside) ends within its deadline, names the stuck actor, keeps its stacks and its last
-checkpoint, leaves no process behind, and resumes."""
+checkpoint, leaves no process behind, and resumes. A run whose actor dies leaves a crash report that `oxrl report`
+turns into an issue body."""
 
 import json
 import re
@@ -54,9 +55,30 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
     assert re.search(rf"{peer} \(pid \d+ on [^,]+, [a-z-]+, in \w+ \(\w+\.py:\d+\)\)", message), message
     assert message.startswith("hang: token_logprobs " if stuck == "rank1" else "hang: weight broadcast "), message
     assert "--- hang" in (run / "crash.txt").read_text()
+    crash = json.loads((run / "crash.json").read_text())
+    assert crash["error"]["class"] == "Hang" and crash["step"] == 2 and crash["likely_cause"], crash["error"]
     assert (run / "ds" / "latest").read_text() == "step-1" and "step 2/2" not in hung.stdout  # the last finished step
     assert hung.leftover_processes == [], hung.leftover_processes
 
     resumed = oxrl(*args, "--resume", env={"PYTHONPATH": env["PYTHONPATH"]})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [h["step"] for h in json.loads((run / "summary.json").read_text())["history"]] == [2]  # trained again
+
+
+def test_a_killed_engine_leaves_a_crash_report_that_oxrl_report_turns_into_an_issue_naming_it_and_the_step(
+        tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
+    """The vLLM engine is killed in step 2's reward phase; the run fails at the refresh that follows."""
+    args, run, pause = hang_args(tiny_model_dir, tmp_path), tmp_path / "run", tmp_path / "pause"
+    env = {"PYTHONPATH": str(Path(__file__).parent), "PAUSE_FILE": str(pause), "PAUSE_AFTER": str(run / "ds" / "latest")}
+    killed = oxrl_signalled(args, lambda stdout: pause.exists(), signal.SIGKILL, env=env, after_signal=pause.unlink,
+                            pid_of=lambda: pid_in_placement(run, "engine0"))
+    assert killed.returncode != 0 and "ActorDiedError" in killed.stderr, killed.stderr[-3000:]
+    crash = json.loads((run / "crash.json").read_text())
+    assert (crash["error"]["actor"], crash["step"], crash["phase"], crash["policy_version"]) == ("engine0", 2, "refresh", 1)
+    assert crash["error"]["class"].endswith("ActorDiedError") and "(`dmesg`)" in crash["fix"]
+    assert {"rank0", "engine0"} <= crash["logs"].keys() and crash["config_sha256"]
+    report = oxrl("report", run)
+    assert report.returncode == 0, report.stderr
+    title = report.stdout.splitlines()[0]
+    assert title == "# ActorDiedError in engine0 at step 2 (refresh)", title
+    assert "<summary>Last lines of engine0.log</summary>" in report.stdout and (run / "issue.md").is_file()
