@@ -8,7 +8,7 @@ import torch
 from oxrl_core.config.schema import JudgeSection, RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
-from oxrl_core.placement import decide
+from oxrl_core.placement import decide, local_gpus
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -32,7 +32,7 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
-        decide(config, torch.cuda.device_count())
+        decide(config, local_gpus())
     if isinstance(config, SLConfig) and train.alg in ("rft", "spin") and train.steps % train.iterations:
         raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); each iteration trains as many steps")
     if isinstance(config, SLConfig) and train.alg == "spin" and config.data.val is not None:

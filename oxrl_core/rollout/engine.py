@@ -164,6 +164,12 @@ class RolloutEngine:
             return
         if tensor_parallel:
             _unlink_shared_memory()
+        if not on_cpu:  # vLLM's sampled-token logprobs kernel (Triton) compiles on first use: here, not in step 1
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+
+            self.llm.generate([TokensPrompt(prompt_token_ids=[0])], SamplingParams(max_tokens=1, logprobs=0, detokenize=False),
+                              use_tqdm=False)
         config = self.llm.llm_engine.model_config.hf_config
         # A vision-language model's image placeholders: a prompt's are collapsed before vLLM expands them; one the
         # policy samples ends its sample (as EOS would), since the trainer cannot read one as text (data/images.py).
