@@ -25,7 +25,7 @@ from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, gp
 from oxrl_core.placement.watch import collective_timeout, dump_stacks_on_request
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
-from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, pack, unpack, unpacking
+from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, VISION_ATTENTION, pack, unpack, unpacking
 
 
 def deepspeed_config(config: SLConfig | RLConfig) -> dict:
@@ -128,6 +128,8 @@ class TrainEngine:
             model = language_model.from_pretrained(model_path, **load)
         if self.vision:
             self.image_token_id = model.config.image_token_id
+            # all images' (and windows') patches in one variable-length attention call per block
+            vision_tower(model).config._attn_implementation = VISION_ATTENTION
             if config.model.freeze_vision:
                 vision_tower(model).requires_grad_(False)
         if self.zero3:

@@ -1,5 +1,6 @@
 """On a GPU: packed micro-batches (torch's varlen_attn) and the fused output layer (its Triton kernels) give the padded
-logits path's logprobs, entropies and gradients, on a model of Qwen2.5-0.5B's width with grouped-query attention."""
+logits path's logprobs, entropies and gradients, on a model of Qwen2.5-0.5B's width with grouped-query attention; a
+vision tower's flash varlen attention gives its per-window SDPA values."""
 
 import pytest
 import torch
@@ -50,3 +51,32 @@ def test_packed_and_fused_equal_the_padded_logits_path_on_the_gpu(dtype, toleran
     for (name, a), b in zip(padded_model.named_parameters(), packed_model.parameters()):
         scale = a.grad.abs().max().item()
         assert (b.grad - a.grad).abs().max().item() <= tolerance * max(scale, 1e-3), name
+
+
+def test_a_vision_towers_flash_varlen_attention_equals_its_per_window_sdpa_on_the_gpu():
+    """Qwen2.5-VL's tower at its real width, 2 blocks (one windowed, one full), two 448x448 images in bf16: the one
+    flash call per block over all windows gives the per-window SDPA calls' output, and a trained tower's gradients."""
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    from oxrl_core.training.packing import VISION_ATTENTION
+
+    config = Qwen2_5_VLConfig(vision_config=dict(depth=2, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                                                 out_hidden_size=2048, hidden_act="silu", window_size=112,
+                                                 fullatt_block_indexes=[1])).vision_config
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, dtype=torch.bfloat16).cuda()
+    grid = torch.tensor([[1, 32, 32]] * 2).cuda()
+    pixels = torch.randn(2048, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
+    outputs, grads = [], []
+    for attention in ("sdpa", VISION_ATTENTION):
+        tower.config._attn_implementation = attention
+        tower.zero_grad()
+        out = tower(pixels, grid_thw=grid).pooler_output
+        out.float().square().mean().backward()
+        outputs.append(out.float())
+        grads.append(tower.blocks[0].attn.qkv.weight.grad.float())
+    print("vision varlen vs per-window sdpa: max |output diff|", (outputs[0] - outputs[1]).abs().max().item())
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0.05, atol=0.05)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0.05, atol=0.05 * grads[0].abs().max().item())
