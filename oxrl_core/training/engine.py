@@ -7,6 +7,7 @@ a step, a gather or a checkpoint.
 
 import datetime
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Iterator
@@ -128,8 +129,11 @@ class TrainEngine:
             model = language_model.from_pretrained(model_path, **load)
         if self.vision:
             self.image_token_id = model.config.image_token_id
-            # all images' (and windows') patches in one variable-length attention call per block
-            vision_tower(model).config._attn_implementation = VISION_ATTENTION
+            tower = vision_tower(model)
+            # Towers whose blocks attend within boundaries (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: `cu_seqlens`): all images'
+            # (and windows') patches in one variable-length attention call per block
+            if any("cu_seqlens" in inspect.signature(m.forward).parameters for m in tower.modules()):
+                tower.config._attn_implementation = VISION_ATTENTION
             if config.model.freeze_vision:
                 vision_tower(model).requires_grad_(False)
         if self.zero3:
