@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 6's GPU runs on the lent H100, after the staged stack is installed
-# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/RESULTS.md).
-# Stages, each within one 10-minute device call:
+# The GPU benchmarks, on a GPU machine where the staged stack is installed
+# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/README.md and benchmarks/RESULTS.md).
+# Stages, each made to finish within 10 minutes:
 #   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
 #   bash benchmarks/h100.sh scale N lora|full [KEY=VALUE ...]  # issue 19's curve: `bench` for the 7B shape on N GPUs,
@@ -13,11 +13,11 @@
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
 #   bash benchmarks/h100.sh refresh [KEY=VALUE ...]  # where a colocated refresh's time goes (benchmarks/refresh_profile.py)
 #   bash benchmarks/h100.sh head-epilogue          # the fused head's forward and backward with their softmax work in the
-#                                                  # product's epilogue, against today's (benchmarks/head_epilogue_probe.py)
+#                                                  # product's epilogue, against today's (benchmarks/probes/head_epilogue_probe.py)
 #   bash benchmarks/h100.sh attention              # a packed micro-batch's attention, today's against SDPA's backends
-#                                                  # on the padded sequences (benchmarks/attention_probe.py)
+#                                                  # on the padded sequences (benchmarks/probes/attention_probe.py)
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
-#                                                  # today's compiled layers (benchmarks/cuda_graph_probe.py)
+#                                                  # today's compiled layers (benchmarks/probes/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 #   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
 #                                                  # TRL's GRPOTrainer (colocated vLLM) then oxrl's step on rl_step.py's
@@ -93,21 +93,21 @@ fi
 
 if [ "$stage" = cuda-graphs ]; then
   echo "== the train step, each decoder layer compiled: inductor's default mode against CUDA graphs"
-  timeout 540 python3 benchmarks/cuda_graph_probe.py --out "$WORK" "$@" > "$OUT/cuda_graph_probe.log" 2>&1
+  timeout 540 python3 benchmarks/probes/cuda_graph_probe.py --out "$WORK" "$@" > "$OUT/cuda_graph_probe.log" 2>&1
   echo "rc=$?"; grep '^{' "$OUT/cuda_graph_probe.log"; cp "$WORK/cuda_graph_probe.json" "$OUT/" 2>/dev/null
   exit 0
 fi
 
 if [ "$stage" = attention ]; then
   echo "== a packed micro-batch's attention: torch's varlen (today) against SDPA's backends on the padded sequences"
-  timeout 300 python3 benchmarks/attention_probe.py --out "$WORK" > "$OUT/attention_probe.log" 2>&1
+  timeout 300 python3 benchmarks/probes/attention_probe.py --out "$WORK" > "$OUT/attention_probe.log" 2>&1
   echo "rc=$?"; tail -n 3 "$OUT/attention_probe.log"; cp "$WORK/attention_probe.json" "$OUT/" 2>/dev/null
   exit 0
 fi
 
 if [ "$stage" = head-epilogue ]; then
   echo "== the fused head, forward and backward: the softmax work after the product (today) or in its epilogue"
-  timeout 300 python3 benchmarks/head_epilogue_probe.py --out "$WORK" > "$OUT/head_epilogue_probe.log" 2>&1
+  timeout 300 python3 benchmarks/probes/head_epilogue_probe.py --out "$WORK" > "$OUT/head_epilogue_probe.log" 2>&1
   echo "rc=$?"; tail -n 3 "$OUT/head_epilogue_probe.log"; cp "$WORK/head_epilogue_probe.json" "$OUT/" 2>/dev/null
   exit 0
 fi

@@ -71,7 +71,7 @@ def needs_reference_model(config: SLConfig | RLConfig) -> bool:
 def compiles_layers(config: SLConfig | RLConfig, on_gpu: bool) -> bool:
     """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There DeepSpeed's hooks on every
     linear layer cut each compiled layer into pieces, and a micro-batch's host time grows by 40-75% against
-    the uncompiled layers (benchmarks/host_overhead.py), where one GPU's training phase is bound by the host."""
+    the uncompiled layers (benchmarks/probes/host_overhead.py), where one GPU's training phase is bound by the host."""
     if config.model.compile == "auto":
         return on_gpu and config.deepspeed.zero_stage != 3
     return config.model.compile

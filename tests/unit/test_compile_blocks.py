@@ -31,7 +31,7 @@ def test_a_model_naming_no_repeated_block_is_compiled_whole():
 
 @pytest.mark.parametrize("compile, zero_stage, on_gpu, expected", [
     ("auto", 1, True, True), ("auto", 2, True, True),
-    ("auto", 3, True, False),  # DeepSpeed's hooks cut each layer into pieces (benchmarks/host_overhead.py)
+    ("auto", 3, True, False),  # DeepSpeed's hooks cut each layer into pieces (benchmarks/probes/host_overhead.py)
     ("auto", 1, False, False),  # CPU
     (True, 3, True, True), (True, 1, False, True), (False, 1, True, False),  # said outright: as said
 ])

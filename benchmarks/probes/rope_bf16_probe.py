@@ -5,16 +5,19 @@ Random weights in the width of each Qwen2.5 shape (hidden size, heads, KV heads,
 the model in bf16), one sequence of 640 random tokens; the mean |difference| of its token logprobs between the
 frequencies in bf16 and in float32, over all positions, the first 64 and the last 128.
 
-    python benchmarks/rope_bf16_probe.py [--seed S] [--shapes 0.5b 7b 32b]
+    python benchmarks/probes/rope_bf16_probe.py [--seed S] [--shapes 0.5b 7b 32b]
 """
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rl_step import NEW_TOKENS, PROMPT_TOKENS, QWEN25_SHAPES
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rl_step.py lives one folder up, in benchmarks/
+from rl_step import NEW_TOKENS, PROMPT_TOKENS, QWEN25_SHAPES  # noqa: E402
 
 
 def main() -> None:

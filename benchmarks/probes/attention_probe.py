@@ -10,7 +10,7 @@ SDPA per sequence by the math backend). Right padding needs no mask: under causa
 sees the padding after it. Two length mixes: every sequence 640 tokens (rl_step.py's rollouts) and
 128 + uniform(0, 512) (responses that stop early).
 
-    python benchmarks/attention_probe.py --out DIR
+    python benchmarks/probes/attention_probe.py --out DIR
 """
 
 import argparse

@@ -12,7 +12,7 @@ the last micro-batch (CUDA events), peak memory. Variants also put
 DeepSpeed (ZeRO-1, as rl_step.py runs oxrl) in place of plain AdamW, or compile the whole decoder stack as one graph
 (cudagraph trees cannot replay one compiled layer 24 times within a forward that keeps activations for backward).
 
-    python benchmarks/cuda_graph_probe.py --out DIR [VARIANT ...]    # e.g. layers/default/deepspeed (see `train`)
+    python benchmarks/probes/cuda_graph_probe.py --out DIR [VARIANT ...]    # e.g. layers/default/deepspeed (see `train`)
 """
 
 import argparse
@@ -168,7 +168,7 @@ def train(model_path: str, variant: str) -> dict:
 def main() -> None:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rl_step.py lives one folder up, in benchmarks/
     from rl_step import QWEN25_SHAPES, build_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,8 +17,8 @@ seconds of today's steps against the fused kernels in each of a few tile shapes 
 slice as it is cut today), and their largest differences (forward: logprobs and entropies, absolute; backward: in
 units of the largest gradient entry). The entropy's gradient term (PPO's bonus only) is left out of the backward.
 
-    python benchmarks/head_epilogue_probe.py --out DIR          # on a GPU
-    TRITON_INTERPRET=1 python benchmarks/head_epilogue_probe.py --out DIR --tiny   # the arithmetic, on a CPU
+    python benchmarks/probes/head_epilogue_probe.py --out DIR          # on a GPU
+    TRITON_INTERPRET=1 python benchmarks/probes/head_epilogue_probe.py --out DIR --tiny   # the arithmetic, on a CPU
 """
 
 import argparse

@@ -20,7 +20,7 @@ micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
 
 Each variant runs in a process of its own with one torch thread.
 
-    python benchmarks/host_overhead.py --out results/ [--profile]
+    python benchmarks/probes/host_overhead.py --out results/ [--profile]
 """
 
 import argparse

@@ -6,7 +6,7 @@ master weights over one step is the gradient the optimizer was given. It is comp
 bf16 micro-batch gradients (the same model, one micro-batch at a time), so what differs is the accumulation alone:
 in the model's dtype (DeepSpeed's default) or in float32 (`data_types.grad_accum_dtype: fp32`).
 
-    python benchmarks/grad_accumulation.py --out results/ [--seeds 0 1 2]
+    python benchmarks/probes/grad_accumulation.py --out results/ [--seeds 0 1 2]
 """
 
 import argparse
