@@ -48,8 +48,7 @@ if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"
   timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
   echo "rc=$?"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
-  cp "$WORK"/runs/*/logs/rank0.log "$OUT/rank0.log" 2>/dev/null
-  cp "$WORK"/runs/*/logs/engine0.log "$OUT/engine0.log" 2>/dev/null
+  cp "$WORK"/logs/rank0.log "$WORK"/logs/engine0.log "$OUT/" 2>/dev/null
   exit 0
 fi
 
@@ -57,7 +56,7 @@ if [ "$stage" = sl ]; then
   echo "== benchmark: SFT steps ($*)"
   timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/sl_step.py --out "$WORK" "$@" > "$OUT/sl.log" 2>&1
   echo "rc=$?"; tail -n 6 "$OUT/sl.log"; cp "$WORK/sl_step.json" "$OUT/" 2>/dev/null
-  cp "$WORK"/runs/sl-step-*/logs/rank0.log "$OUT/sl_rank0.log" 2>/dev/null
+  cp "$WORK"/logs/rank0.log "$OUT/sl_rank0.log" 2>/dev/null
   exit 0
 fi
 

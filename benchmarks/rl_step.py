@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import shutil
 import statistics
 import threading
 import time
@@ -259,7 +260,7 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
                     "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
         "reward": {"func": "math"},
         "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
-        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus},
+        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},
     }))
     return model, prompts, config_path
 
@@ -272,8 +273,20 @@ def workload_parser(doc: str, loop: str, steps: int, shapes: dict) -> argparse.A
     parser.add_argument("--shape", choices=sorted(shapes), default="0.5b", help="the model's shape")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank (and, in RL, an engine's worker) "
                         "with PROMPTS x SAMPLES sequences of the step; MFU counts the peak of all of them")
+    parser.add_argument("--save", action="store_true", help="keep the run folder with its final weights and checkpoint "
+                        "(default: nothing is saved, and the run folder goes once its logs are copied to --out/logs)")
     parser.add_argument("overrides", nargs="*", help=f"KEY=VALUE config overrides, as for `oxrl train {loop.lower()}`")
     return parser
+
+
+def keep_logs(run_dir: Path, out: Path, save: bool) -> None:
+    """The run's logs into `out`/logs; the run folder itself removed unless `save` (a 7B's checkpoints fill a disk in a
+    few runs)."""
+    (out / "logs").mkdir(exist_ok=True)
+    for log in (run_dir / "logs").glob("*.log"):
+        shutil.copy(log, out / "logs" / log.name)
+    if not save:
+        shutil.rmtree(run_dir)
 
 
 def main() -> None:
@@ -285,7 +298,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)
-    config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), *args.overrides])
+    config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"),
+                                                      f"run.save_final={args.save}", *args.overrides])
     rollout, ranks = config.rollout, config.run.train_ranks
     engine_gpus = rollout.engines * rollout.tensor_parallel_size
     split = rollout.placement == "split"
@@ -308,6 +322,7 @@ def main() -> None:
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
         summary = train_rl(config, model_path, resume=False, console=Console())
+    keep_logs(Path(summary["run_dir"]), args.out, args.save)
     # The reference again, after the loop: does the host itself generate slower than before the run?
     standalone_after = standalone_in_own_process(1) if reference else {"tokens_per_s": None}
     history = summary["history"]

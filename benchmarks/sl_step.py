@@ -25,7 +25,7 @@ from rich.console import Console
 from oxrl_core.config import load_sl_config
 from oxrl_core.loops.sl import train_sl
 from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
-                     train_flops_per_token, workload_parser, write_prompts)
+                     keep_logs, train_flops_per_token, workload_parser, write_prompts)
 
 MICRO_BATCH = 16
 
@@ -52,10 +52,12 @@ def main() -> None:
         "train": {"alg": "sft", "steps": args.steps, "lr": 1e-6, "lr_scheduler": "constant", "warmup_steps": 0,
                   "batch_size": sequences, "micro_batch_size": MICRO_BATCH, "grad_accum": PROMPTS * SAMPLES // MICRO_BATCH},
         "deepspeed": {"zero_stage": 3},
-        "run": {"name": "sl-step", "output_dir": str(args.out / "runs"), "train_ranks": args.gpus},
+        "run": {"name": "sl-step", "output_dir": str(args.out / "runs"), "train_ranks": args.gpus, "save_final": False},
     }))
-    config, model_path = load_sl_config(config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"), *args.overrides])
+    config, model_path = load_sl_config(config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"),
+                                                      f"run.save_final={args.save}", *args.overrides])
     summary = train_sl(config, model_path, resume=False, console=Console())
+    keep_logs(Path(summary["run_dir"]), args.out, args.save)
     history = summary["history"]
     measured = history[1:] or history  # the first step compiles and allocates
     step_s = statistics.median(h["step_time_s"] for h in measured)

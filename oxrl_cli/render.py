@@ -13,7 +13,7 @@ def render_sl_summary(summary: dict, console: Console) -> None:
           for key, value in summary.get("eval_after", {}).items()),
         ("skipped records", str(summary["skipped_records"])),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        ("model", summary["checkpoint"]),
+        ("model", summary.get("checkpoint", "not saved (run.save_final=false)")),
         ("mlflow run", summary["mlflow_run_id"]),
     ]
     _print_rows(table, rows, console)
@@ -30,7 +30,7 @@ def render_rl_summary(summary: dict, console: Console) -> None:
         ("reward errors", str(summary.get("reward_errors", 0))),
         ("stopped early", summary.get("stopped_early", "no")),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        ("model", summary["checkpoint"]),
+        ("model", summary.get("checkpoint", "not saved (run.save_final=false)")),
         ("mlflow run", summary["mlflow_run_id"]),
     ]
     _print_rows(table, rows, console)

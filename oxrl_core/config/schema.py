@@ -81,6 +81,9 @@ class RunSection(Section):
     )
     train_ranks: PositiveInt = Field(1, description="DeepSpeed ranks: one GPU each on GPU machines, one process each on CPU.")
     checkpoint_every: Annotated[int, Field(ge=0)] = Field(0, description="Save a checkpoint every N steps (0: only at the end).")
+    save_final: bool = Field(True, description="Save the weights (`final/`) and a checkpoint when the run ends or a "
+                                               "signal stops it; false keeps only what `checkpoint_every` saves "
+                                               "(benchmarks, sweeps).")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI; default `$MLFLOW_TRACKING_URI`, else a local store in the run folder.")
     hang_timeout_s: Annotated[float, Field(ge=0)] = Field(
         300.0, description="A wait on a trainer rank, vLLM engine or judge that runs past its deadline is a hang: the run "

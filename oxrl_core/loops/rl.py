@@ -194,14 +194,16 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                         summary["stopped_early"] = f"{bad_steps} consecutive non-finite steps"
                         break
                     if signals.received:
-                        save(step, final=step == train.steps)
+                        if config.run.save_final:
+                            save(step, final=step == train.steps)
                         raise signals.stop(step)
                     if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
                         save(step, final=False)
             if val_prompts:
                 summary["eval_after"] = evaluate()
                 log.log(summary["eval_after"], step)
-            save(step, final=True)
+            if config.run.save_final:
+                save(step, final=True)
             group.shutdown()
         reward_errors.close()
         summary["wall_time_s"] = time.perf_counter() - start

@@ -270,7 +270,8 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                     summary["history"].append({"step": step, **metrics})
                     progress.update(bar, completed=step, loss=metrics["loss"], tok_s=metrics["tokens_per_s"])
                     if signals.received:
-                        save(step, final=step == train.steps)
+                        if config.run.save_final:
+                            save(step, final=step == train.steps)
                         raise signals.stop(step)
                     if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
                         save(step, final=False)
@@ -278,7 +279,8 @@ def train_sl(config: SLConfig, model_path: str, resume: bool, console: Console) 
                 summary["eval_after"] = evaluate(train.steps)
                 log.log(summary["eval_after"], train.steps)
                 summary |= {k: v for k, v in summary["eval_after"].items() if k == "eval_loss"}
-            save(train.steps, final=True)
+            if config.run.save_final:
+                save(train.steps, final=True)
             group.shutdown()
         losses = [h["loss"] for h in summary["history"]]
         summary.update(

@@ -138,10 +138,10 @@ def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_
     assert history(tmp_path / "run")[0]["step"] == 2  # the resumed run trained step 2 itself
 
 
-def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes(tmp_path, tiny_model_dir, prompts, oxrl_rl):
+def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes_saving_nothing_when_asked(tmp_path, tiny_model_dir, prompts, oxrl_rl):
     data = tmp_path / "p.jsonl"
     data.write_text(prompts.read_text() + json.dumps({"prompt": "word " * 200, "answer": "1"}) + "\n")
-    result = oxrl_rl(*rl_args("cispo", tiny_model_dir, data, tmp_path, "errs", "train.steps=1",
+    result = oxrl_rl(*rl_args("cispo", tiny_model_dir, data, tmp_path, "errs", "train.steps=1", "run.save_final=false",
                               "reward.func=rl_test_rewards:raises_on_odd_length", "reward.on_error=-1.0"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{data}:33: prompt is" in result.stdout and "rollout.max_prompt_len is 64" in result.stdout
@@ -149,7 +149,8 @@ def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes(tmp
     errors = [json.loads(line) for line in (tmp_path / "errs" / "reward_errors.jsonl").read_text().splitlines()]
     assert summary["reward_errors"] == len(errors) > 0
     assert "odd length" in errors[0]["error"] and "prompt" in errors[0]["sample"]
-    assert (tmp_path / "errs" / "final" / "model.safetensors").is_file()
+    assert not (tmp_path / "errs" / "final").exists() and not (tmp_path / "errs" / "ds").exists()  # run.save_final=false
+    assert "not saved (run.save_final=false)" in result.stdout
 
 
 def test_nan_rewards_skip_steps_then_stop_cleanly_with_a_checkpoint(tmp_path, tiny_model_dir, prompts, oxrl_rl):

@@ -183,7 +183,7 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tracking}")
     result = oxrl("train", "sl", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
                   f"run.output_dir={tmp_path / 'runs'}", "run.name=bad", "train.steps=1", "train.batch_size=2",
-                  "train.micro_batch_size=2", "deepspeed.zero_stage=0")
+                  "train.micro_batch_size=2", "deepspeed.zero_stage=0", "run.save_final=false")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "8 of 11 records used, 3 skipped" in result.stdout
     assert f"{data}:2: " in result.stdout and f"{data}:4: " in result.stdout and f"{data}:6: " in result.stdout
@@ -192,6 +192,7 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
     summary = json.loads((tmp_path / "runs" / "bad" / "summary.json").read_text())
     assert MlflowClient(f"sqlite:///{tracking}").get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
     assert not (tmp_path / "runs" / "mlflow.db").exists()
+    assert not (tmp_path / "runs" / "bad" / "final").exists() and not (tmp_path / "runs" / "bad" / "ds").exists()
 
     strict = oxrl("train", "sl", "--strict", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
                   f"run.output_dir={tmp_path / 'runs'}", "run.name=strict", "train.batch_size=2", "train.micro_batch_size=2")
