@@ -9,7 +9,8 @@ micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
   master weights, the gradients cast to them, clipped, AdamW, the bf16 weights copied back) against DeepSpeed with
   ZeRO 0-3 configured as `deepspeed_config` does (bf16, gradient clipping, torch AdamW as the client optimizer); and
   with the decoder layers compiled as oxrl compiles them (`compile_blocks`, inductor), where ZeRO-3's hooks on every
-  linear layer cut each layer's graph into pieces;
+  linear layer cut each layer's graph into pieces; and ZeRO-3 with each decoder layer one of its leaf modules
+  (`set_z3_leaf_modules`: one gather and one release a layer, no hooks inside it), alone and compiled;
 - per accumulating micro-batch (forward + backward + DeepSpeed's step call, no optimizer step): the median host
   seconds, and the aten ops that do work (views and metadata left out; the work inside them, a cast inside `to`,
   counted), counted by torch.profiler;
@@ -34,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ["plain", "master", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile"]
+VARIANTS = ["plain", "master", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile",
+            "zero3+leaf", "zero3+leaf+compile"]
 GRAD_ACCUM, MICRO_BATCH, TOKENS = 8, 2, 16
 # Ops that only make views or read metadata: no kernel on a GPU.
 NO_WORK = {"aten::view", "aten::reshape", "aten::t", "aten::transpose", "aten::narrow", "aten::view_as", "aten::detach",
@@ -66,7 +68,7 @@ def measure(variant: str, profile: bool) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    stage, compiled = variant.split("+")[0], variant.endswith("+compile")
+    stage, compiled, leaf = variant.split("+")[0], variant.endswith("+compile"), "+leaf" in variant
     shape = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=24, num_attention_heads=4,
                         num_key_value_heads=2, tie_word_embeddings=True)
     ids = torch.randint(0, shape.vocab_size, (MICRO_BATCH, TOKENS))
@@ -110,6 +112,10 @@ def measure(variant: str, profile: bool) -> dict:
         deepspeed.init_distributed(dist_backend="gloo")
         keep = HfDeepSpeedConfig(config)  # noqa: F841 (ZeRO-3 builds the model partitioned while it lives)
         model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
+        if leaf:  # each decoder layer one ZeRO-3 module: one gather and one release per layer, no hooks inside it
+            from deepspeed.utils import set_z3_leaf_modules
+
+            set_z3_leaf_modules(model, [type(model.model.layers[0])])
         if compiled:
             compile_blocks(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
