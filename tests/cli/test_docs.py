@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from oxrl_core.config.reference import END, START, reference_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,3 +62,19 @@ def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_da
         result = CliRunner().invoke(app, [*base, *overrides])
         assert result.exit_code == 0 and result.exception is None, (overrides, result.output, result.exception)
         assert "lora:" in result.output and "enabled: true" in result.output
+
+
+@pytest.mark.parametrize("example", ["sgrpo_tiny", "ppo_tiny"])
+def test_rl_examples_that_no_integration_test_runs_as_shipped_validate(example, tmp_path, monkeypatch):
+    """The CISPO example runs as shipped (tests/integration/test_rl.py); these differ from it in their algorithm's
+    settings, whose code the integration tests run with the CISPO example's data."""
+    from typer.testing import CliRunner
+
+    from oxrl_cli.main import app
+
+    monkeypatch.chdir(REPO)
+    alg = example.removesuffix("_tiny")
+    result = CliRunner().invoke(app, ["train", "rl", "--alg", alg, "--config", f"examples/{example}.yaml", "--dry-run",
+                                      f"run.output_dir={tmp_path}"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert f"alg: {alg}" in result.output

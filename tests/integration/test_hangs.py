@@ -67,18 +67,18 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
 
 def test_a_killed_engine_leaves_a_crash_report_that_oxrl_report_turns_into_an_issue_naming_it_and_the_step(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
-    """The vLLM engine is killed in step 2's reward phase; the run fails at the refresh that follows."""
+    """The vLLM engine is killed in step 1's reward phase; the run fails at the refresh that follows."""
     args, run, pause = hang_args(tiny_model_dir, tmp_path), tmp_path / "run", tmp_path / "pause"
-    env = {"PYTHONPATH": str(Path(__file__).parent), "PAUSE_FILE": str(pause), "PAUSE_AFTER": str(run / "ds" / "latest")}
+    env = {"PYTHONPATH": str(Path(__file__).parent), "PAUSE_FILE": str(pause)}
     killed = oxrl_signalled(args, lambda stdout: pause.exists(), signal.SIGKILL, env=env, after_signal=pause.unlink,
                             pid_of=lambda: pid_in_placement(run, "engine0"))
     assert killed.returncode != 0 and "ActorDiedError" in killed.stderr, killed.stderr[-3000:]
     crash = json.loads((run / "crash.json").read_text())
-    assert (crash["error"]["actor"], crash["step"], crash["phase"], crash["policy_version"]) == ("engine0", 2, "refresh", 1)
+    assert (crash["error"]["actor"], crash["step"], crash["phase"], crash["policy_version"]) == ("engine0", 1, "refresh", 0)
     assert crash["error"]["class"].endswith("ActorDiedError") and "(`dmesg`)" in crash["fix"]
     assert {"rank0", "engine0"} <= crash["logs"].keys() and crash["config_sha256"]
     report = oxrl("report", run)
     assert report.returncode == 0, report.stderr
     title = report.stdout.splitlines()[0]
-    assert title == "# ActorDiedError in engine0 at step 2 (refresh)", title
+    assert title == "# ActorDiedError in engine0 at step 1 (refresh)", title
     assert "<summary>Last lines of engine0.log</summary>" in report.stdout and (run / "issue.md").is_file()

@@ -40,9 +40,11 @@ def assert_preference_learned(summary):
     assert len(summary["history"]) == 2 and summary["history"][1]["loss"] < summary["history"][0]["loss"]
 
 
-@pytest.mark.parametrize("alg", ["ipo", "simpo", "orpo"])
-def test_preference_example_raises_reward_accuracy_and_margin(oxrl, tiny_model_dir, tmp_path, alg):
-    assert_preference_learned(run_example(oxrl, alg, tiny_model_dir, tmp_path))
+def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(oxrl, oxrl_side_by_side, tiny_model_dir, tmp_path):
+    ipo, simpo = oxrl_side_by_side(example_args("ipo", tiny_model_dir, tmp_path), example_args("simpo", tiny_model_dir, tmp_path))
+    for alg, result in (("ipo", ipo), ("simpo", simpo)):
+        assert_preference_learned(summary_of(result, tmp_path, alg))
+    assert_preference_learned(run_example(oxrl, "orpo", tiny_model_dir, tmp_path))
 
 
 @pytest.mark.quick
