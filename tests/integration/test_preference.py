@@ -41,9 +41,11 @@ def assert_preference_learned(summary):
 
 
 def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(oxrl, oxrl_side_by_side, tiny_model_dir, tmp_path):
-    ipo, simpo = oxrl_side_by_side(example_args("ipo", tiny_model_dir, tmp_path), example_args("simpo", tiny_model_dir, tmp_path))
-    for alg, result in (("ipo", ipo), ("simpo", simpo)):
-        assert_preference_learned(summary_of(result, tmp_path, alg))
+    # each run its own output folder: two runs creating one MLflow store at once collide
+    ipo, simpo = oxrl_side_by_side(example_args("ipo", tiny_model_dir, tmp_path / "a"),
+                                   example_args("simpo", tiny_model_dir, tmp_path / "b"))
+    for alg, result, out in (("ipo", ipo, tmp_path / "a"), ("simpo", simpo, tmp_path / "b")):
+        assert_preference_learned(summary_of(result, out, alg))
     assert_preference_learned(run_example(oxrl, "orpo", tiny_model_dir, tmp_path))
 
 
