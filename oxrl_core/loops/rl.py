@@ -88,7 +88,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             def evaluate() -> dict:
                 """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1
                 estimated from `n_samples` samples each at the training temperature."""
-                result, position.phase = {}, "eval"
+                position.phase, result = "eval", {}
                 for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
                                             ("eval_accuracy", rollout_cfg.n_samples, rollout_cfg.temperature)):
                     rollouts = generate(val_prompts, n, temperature, seed_base=0)
