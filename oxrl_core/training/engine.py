@@ -135,7 +135,7 @@ class TrainEngine:
             if any("cu_seqlens" in inspect.signature(m.forward).parameters for m in tower.modules()):
                 tower.config._attn_implementation = VISION_ATTENTION
             if config.model.freeze_vision:
-                vision_tower(model).requires_grad_(False)
+                tower.requires_grad_(False)
         if self.zero3:
             rope_in_float32(model)
         if config.model.gradient_checkpointing:
