@@ -313,7 +313,9 @@ def main() -> None:
     def standalone_in_own_process(threads: int | None) -> dict:
         # run in this process after the loop, it once came out 1.6x slower than the loop's engine
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return pool.submit(standalone_generate, model, prompts, config, threads).result()
+            result = pool.submit(standalone_generate, model, prompts, config, threads).result()
+        print("standalone engine:", json.dumps(result), flush=True)  # in the log even if the run is cut short later
+        return result
 
     # the standalone engine generates one GPU's share of the prompts: a colocated engine's
     reference = rollout.tensor_parallel_size == 1 and not args.no_standalone and not split
