@@ -27,13 +27,13 @@ def sl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
-    from oxrl_cli.render import render_sl_summary
-    from oxrl_core.loops.sl import train_sl
-
     resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
+    from oxrl_cli.render import render_sl_summary
+    from oxrl_core.loops.sl import train_sl  # after validation: a refused config or a dry run need not import it
+
     console = Console()
     render_sl_summary(train_sl(resolved, model_path, resume, console), console)
 
@@ -49,13 +49,13 @@ def rl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Reinforcement learning: vLLM rollouts, verifiable rewards, DeepSpeed updates, all under Ray."""
-    from oxrl_cli.render import render_rl_summary
-    from oxrl_core.loops.rl import train_rl
-
     resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
+    from oxrl_cli.render import render_rl_summary
+    from oxrl_core.loops.rl import train_rl  # after validation: a refused config or a dry run need not import it
+
     console = Console()
     render_rl_summary(train_rl(resolved, model_path, resume, console), console)
 
