@@ -57,9 +57,10 @@ def test_list_prints_every_shipped_model(oxrl, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_vl_model_dir"], ids=["causal-lm", "vision-language"])
-def test_generated_sft_config_trains_one_step(oxrl, model, tmp_path, request):
-    folder = request.getfixturevalue(model)
+def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl, tiny_vl_model_dir, tmp_path):
+    """The generated config as written (its own batch split). A causal LM's generated SFT config trains in
+    test_verify_runs_an_sft_and_an_rl_step_and_records_it (`--verify`), through the same writer."""
+    folder = tiny_vl_model_dir
     assert oxrl("onboard", folder, "--out", tmp_path).returncode == 0
     config = tmp_path / f"local--{folder.name}" / "sft.yaml"
     result = oxrl("train", "sl", "--config", config, "train.steps=1", "data.val=null", f"run.output_dir={tmp_path / 'runs'}")

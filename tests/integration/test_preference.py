@@ -40,13 +40,29 @@ def assert_preference_learned(summary):
     assert len(summary["history"]) == 2 and summary["history"][1]["loss"] < summary["history"][0]["loss"]
 
 
-def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(oxrl, oxrl_side_by_side, tiny_model_dir, tmp_path):
-    # each run its own output folder: two runs creating one MLflow store at once collide
-    ipo, simpo = oxrl_side_by_side(example_args("ipo", tiny_model_dir, tmp_path / "a"),
-                                   example_args("simpo", tiny_model_dir, tmp_path / "b"))
-    for alg, result, out in (("ipo", ipo, tmp_path / "a"), ("simpo", simpo, tmp_path / "b")):
-        assert_preference_learned(summary_of(result, out, alg))
-    assert_preference_learned(run_example(oxrl, "orpo", tiny_model_dir, tmp_path))
+@pytest.fixture(scope="module")
+def paired_examples(oxrl_side_by_side, tiny_model_dir, other_tiny_model, tmp_path_factory, ray_address) -> dict:
+    """The DeepSpeed-only examples two at a time (a third less time than one after the other), each in its own output
+    folder (two runs creating one MLflow store at once collide): {alg: (CompletedProcess, output folder)}. Module
+    fixtures are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself."""
+    extra = {"kd": (f"train.teacher={other_tiny_model}",)}
+    runs = {}
+    for pair in (("ipo", "simpo"), ("orpo", "kto"), ("cpt", "kd")):
+        outs = [tmp_path_factory.mktemp(alg) for alg in pair]
+        results = oxrl_side_by_side(*(example_args(alg, tiny_model_dir, out, *extra.get(alg, ())) for alg, out in zip(pair, outs)),
+                                    env={"RAY_ADDRESS": ray_address})
+        runs |= {alg: (result, out) for alg, result, out in zip(pair, results, outs)}
+    return runs
+
+
+def paired_summary(paired_examples, alg):
+    result, out = paired_examples[alg]
+    return summary_of(result, out, alg)
+
+
+def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(paired_examples):
+    for alg in ("ipo", "simpo", "orpo"):
+        assert_preference_learned(paired_summary(paired_examples, alg))
 
 
 @pytest.mark.quick
@@ -65,16 +81,16 @@ def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed
     assert not (model / "dpo" / "reference_logps.pt").exists()
 
 
-def test_kto_example_widens_the_desirable_undesirable_margin(oxrl, tiny_model_dir, tmp_path):
-    summary = run_example(oxrl, "kto", tiny_model_dir, tmp_path)
+def test_kto_example_widens_the_desirable_undesirable_margin(paired_examples):
+    summary = paired_summary(paired_examples, "kto")
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["eval_rewards/margins"] > before["eval_rewards/margins"]
     assert after["eval_rewards/desirable"] > 0 > after["eval_rewards/undesirable"]
     assert summary["history"][0]["kl_baseline"] == pytest.approx(0.0, abs=1e-4)  # the policy starts as the reference
 
 
-def test_cpt_example_lowers_the_held_out_language_model_loss(oxrl, tiny_model_dir, tmp_path):
-    summary = run_example(oxrl, "cpt", tiny_model_dir, tmp_path)
+def test_cpt_example_lowers_the_held_out_language_model_loss(paired_examples):
+    summary = paired_summary(paired_examples, "cpt")
     assert summary["eval_after"]["eval_loss"] < summary["eval_before"]["eval_loss"]
 
 
@@ -92,8 +108,8 @@ def other_tiny_model(tiny_model_dir, tmp_path_factory):
     return folder
 
 
-def test_kd_example_brings_the_student_closer_to_the_teacher(oxrl, tiny_model_dir, other_tiny_model, tmp_path):
-    summary = run_example(oxrl, "kd", tiny_model_dir, tmp_path, f"train.teacher={other_tiny_model}")
+def test_kd_example_brings_the_student_closer_to_the_teacher(paired_examples):
+    summary = paired_summary(paired_examples, "kd")
     assert summary["eval_after"]["eval_kl"] < summary["eval_before"]["eval_kl"]
 
 

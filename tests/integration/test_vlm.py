@@ -32,11 +32,20 @@ def example(alg: str, out: Path, *overrides: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sft_run(tmp_path_factory, tiny_vl_model_dir, oxrl, ray_address) -> Path:
-    out = tmp_path_factory.mktemp("vlm-sft")
-    result = oxrl(*example("sft", out), env={"RAY_ADDRESS": ray_address})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out / "vlm-sft-tiny"
+def sft_runs(tmp_path_factory, tiny_vl_model_dir, oxrl_side_by_side, ray_address) -> dict[str, Path]:
+    """The SFT example with full weights and with LoRA, side by side (DeepSpeed only), each in its own output folder:
+    {"full": its run folder, "lora": its run folder}."""
+    full, lora = tmp_path_factory.mktemp("vlm-sft"), tmp_path_factory.mktemp("vlm-sft-lora")
+    results = oxrl_side_by_side(example("sft", full),
+                                example("sft", lora, "lora.enabled=true", "lora.r=8", "train.lr=1e-2", "run.name=lora"),
+                                env={"RAY_ADDRESS": ray_address})
+    assert all(result.returncode == 0 for result in results), [result.stderr[-3000:] for result in results]
+    return {"full": full / "vlm-sft-tiny", "lora": lora / "lora"}
+
+
+@pytest.fixture(scope="module")
+def sft_run(sft_runs) -> Path:
+    return sft_runs["full"]
 
 
 @pytest.mark.parametrize("alg", ["dpo", "cispo"])
@@ -162,16 +171,14 @@ def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, o
     assert summary["samples"] == 64 * 2 and 0 <= summary["metrics"]["pass@1"] <= 1
 
 
-def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, oxrl):
+def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, sft_runs, oxrl):
     from safetensors.torch import load_file
 
-    train = oxrl(*example("sft", tmp_path / "runs", "lora.enabled=true", "lora.r=8", "train.lr=1e-2", "run.name=lora"))
-    assert train.returncode == 0, train.stderr[-3000:]
-    final, merged = tmp_path / "runs" / "lora" / "final", tmp_path / "merged"
+    final, merged = sft_runs["lora"] / "final", tmp_path / "merged"
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
     merge = oxrl("merge-lora", final, "--out", merged)
     assert merge.returncode == 0, merge.stderr[-3000:]
     assert load_file(merged / "model.safetensors").keys() == load_file(tiny_vl_model_dir / "model.safetensors").keys()
-    summary = json.loads((tmp_path / "runs" / "lora" / "summary.json").read_text())
+    summary = json.loads((sft_runs["lora"] / "summary.json").read_text())
     model = AutoModelForImageTextToText.from_pretrained(merged, dtype=torch.float32)
     assert abs(hf_eval_loss(model, AutoProcessor.from_pretrained(merged), SFT_VAL) - summary["eval_loss"]) <= 1e-4
