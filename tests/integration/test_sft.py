@@ -215,7 +215,7 @@ def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
     result = oxrl("demo")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines() if line.count("│") == 3}
-    # RL with the verifiable reward beats SFT alone by at least 5 points, sampled and greedy (README: three seeds)
+    # RL with the verifiable reward beats SFT alone by at least 5 points, sampled and greedy (README: five seeds)
     for decoding in ("sampled, T=1", "greedy"):
         after_sft, after_rl = (float(rows[f"accuracy after {stage} ({decoding})"]) for stage in ("SFT", "RL"))
         assert after_rl >= after_sft + 0.05, (decoding, after_sft, after_rl)
