@@ -159,19 +159,17 @@ def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tm
     assert abs(hf_eval_loss(model, final, val) - summary["eval_loss"]) <= 1e-4
 
 
-def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic,
-                                                                               oxrl_side_by_side):
+def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic, oxrl):
     """ZeRO-Offload (optimizer states and update in CPU memory through DeepSpeed's CPU Adam, the parameters too): the
     same 3 steps on 2 ranks give the weights of the run without it. It crashed at the engine's start before (DeepSpeed
-    refuses torch's AdamW under offload). The two runs side by side, each in its own output folder."""
-    offload = ("deepspeed.offload_optimizer=true", "deepspeed.offload_param=true")
-    runs = {name: tmp_path / name for name in ("in-place", "offloaded")}
-    results = oxrl_side_by_side(*(sft_args(tiny_model_dir, arithmetic, out, name, "deepspeed.zero_stage=3", "train.steps=3",
-                                           "data.val=null", *(offload if name == "offloaded" else ()))
-                                  for name, out in runs.items()))
-    assert all(result.returncode == 0 for result in results), [result.stderr[-3000:] for result in results]
+    refuses torch's AdamW under offload)."""
+    out = tmp_path / "runs"
+    for name, offload in (("in-place", []), ("offloaded", ["deepspeed.offload_optimizer=true", "deepspeed.offload_param=true"])):
+        result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, name, "deepspeed.zero_stage=3", "train.steps=3",
+                                "data.val=null", *offload))
+        assert result.returncode == 0, result.stderr[-3000:]
     initial = load_file(Path(tiny_model_dir) / "model.safetensors")
-    in_place, offloaded = (load_file(out / name / "final" / "model.safetensors") for name, out in runs.items())
+    in_place, offloaded = (load_file(out / name / "final" / "model.safetensors") for name in ("in-place", "offloaded"))
     assert max((offloaded[k] - in_place[k]).abs().max().item() for k in in_place) < 1e-5
     assert max((in_place[k] - initial[k]).abs().max().item() for k in in_place) > 1e-3  # the steps moved the weights
 
