@@ -1,8 +1,9 @@
 """How far `oxrl demo`'s result moves across seeds and CPU numerics (README's demo table; issue 37).
 
 Runs the demo (SFT then CISPO, as `oxrl demo --seed N` does) once per seed and variant, each in a fresh process:
-`ATEN_CPU_CAPABILITY=avx2` forces torch's AVX2 kernels on an AVX-512 machine, and OMP_NUM_THREADS=1 against 2 changes
-the order of reductions, so the spread of another machine shows up on this one. One JSON line per run goes to
+`ATEN_CPU_CAPABILITY=avx2` forces torch's AVX2 kernels on an AVX-512 machine (on a machine whose kernels are AVX2
+already those runs would repeat the default ones, and are skipped), and OMP_NUM_THREADS=1 against 2 changes the order
+of reductions, so the spread of another machine shows up on this one. One JSON line per run goes to
 --out (appended: an interrupted sweep resumes where it stopped); the summary gives the smallest gain and the range.
 
     python benchmarks/demo_spread.py --out benchmarks/results/demo_spread.<cpu>.jsonl [--seeds 0 1 2 3 4]
@@ -23,6 +24,13 @@ RUN = ("import json, sys; from rich.console import Console; from oxrl_core.demo 
 VARIANTS = {"default": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"}}
 
 
+def kernels(variant_env: dict) -> str:
+    """The CPU kernels torch picks under `variant_env` (AVX512, AVX2, ...), asked in a fresh process."""
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    return subprocess.run([sys.executable, "-c", probe], env=os.environ | variant_env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -38,14 +46,19 @@ def main() -> None:
     args = parser.parse_args()
     done = {(r["seed"], r["variant"], r["threads"]) for r in map(json.loads, args.out.read_text().splitlines())} \
         if args.out.exists() else set()
+    native = kernels({})
     for variant, threads, seed in itertools.product(VARIANTS, args.threads, args.seeds):
         if (seed, variant, threads) in done:
+            continue
+        if VARIANTS[variant] and kernels(VARIANTS[variant]) == native:  # nothing to force: the default runs are these
+            print(f"seed {seed} {variant} threads {threads}: skipped, torch's kernels here are {native} already", flush=True)
             continue
         env = os.environ | VARIANTS[variant] | {"OMP_NUM_THREADS": str(threads)}
         result = subprocess.run([sys.executable, "-c", RUN, str(seed)], env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"seed {seed} {variant} threads {threads} failed:\n{result.stderr[-3000:]}")
-        row = {"seed": seed, "variant": variant, "threads": threads, "cpu": cpu_name(), "cores": os.cpu_count(),
+        row = {"seed": seed, "variant": variant, "threads": threads, "kernels": kernels(VARIANTS[variant]),
+               "cpu": cpu_name(), "cores": os.cpu_count(),
                **json.loads(result.stdout.strip().splitlines()[-1])}
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
