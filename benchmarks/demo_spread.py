@@ -1,4 +1,4 @@
-"""How far `oxrl demo`'s result moves across seeds and CPU numerics (README's demo table; issue 37).
+"""How far `oxrl demo`'s result moves across seeds and CPU numerics (the README's demo table).
 
 Runs the demo (SFT then CISPO, as `oxrl demo --seed N` does) once per seed and variant, each in a fresh process:
 `ATEN_CPU_CAPABILITY=avx2` forces torch's AVX2 kernels on an AVX-512 machine (on a machine whose kernels are AVX2
