@@ -50,14 +50,15 @@ def main() -> None:
     for variant, threads, seed in itertools.product(VARIANTS, args.threads, args.seeds):
         if (seed, variant, threads) in done:
             continue
-        if VARIANTS[variant] and kernels(VARIANTS[variant]) == native:  # nothing to force: the default runs are these
+        forced = kernels(VARIANTS[variant]) if VARIANTS[variant] else native
+        if VARIANTS[variant] and forced == native:  # nothing to force: the default runs are these
             print(f"seed {seed} {variant} threads {threads}: skipped, torch's kernels here are {native} already", flush=True)
             continue
         env = os.environ | VARIANTS[variant] | {"OMP_NUM_THREADS": str(threads)}
         result = subprocess.run([sys.executable, "-c", RUN, str(seed)], env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"seed {seed} {variant} threads {threads} failed:\n{result.stderr[-3000:]}")
-        row = {"seed": seed, "variant": variant, "threads": threads, "kernels": kernels(VARIANTS[variant]),
+        row = {"seed": seed, "variant": variant, "threads": threads, "kernels": forced,
                "cpu": cpu_name(), "cores": os.cpu_count(),
                **json.loads(result.stdout.strip().splitlines()[-1])}
         with args.out.open("a") as f:
