@@ -81,9 +81,10 @@ class Reservation:
 
     def record(self, run_dir: Path, ranks: list, engines: list[list]) -> str:
         """Write where each trainer rank and engine worker runs (node, address, GPUs) to placement.json; return the
-        placement in a line for the console."""
-        where = ray.get([self.watch.where(actor) for actor in [*ranks, *(w for e in engines for w in e)]],
-                        timeout=PLACEMENT_TIMEOUT_S)
+        placement in a line for the console. Each actor answers once built, which may take minutes (a large model,
+        DeepSpeed's CPU Adam under offload), so the wait is the run's hang deadline, not the placement's."""
+        where = self.watch.get([self.watch.where(actor) for actor in [*ranks, *(w for e in engines for w in e)]],
+                               "actor start")
         workers = iter(where[len(ranks):])
         (run_dir / "placement.json").write_text(json.dumps(
             {"placement": self.placement.describe(), "mode": self.placement.mode, "ranks": where[:len(ranks)],

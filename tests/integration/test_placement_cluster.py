@@ -61,6 +61,27 @@ def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
     assert ranks[0] != workers[0][0]
 
 
+@pytest.mark.own_ray_cluster
+def test_ranks_slower_to_build_than_the_placement_timeout_are_recorded_within_the_hang_deadline(
+        two_declared_gpus, tmp_path, monkeypatch):
+    """A rank that takes minutes to build (DeepSpeed's CPU Adam under offload on a loaded machine) failed the run
+    with Ray's bare GetTimeoutError once the fixed placement timeout ran out; the run's hang deadline applies."""
+    import oxrl_core.placement.groups as groups
+    monkeypatch.setattr(groups, "PLACEMENT_TIMEOUT_S", 1)
+
+    class SlowRank:
+        def __init__(self):
+            import time
+            time.sleep(4)
+
+    reservation = Reservation(Placement("colocated", True, 2, 0, 1), ActorWatch(60))
+    ranks = [reservation.watch.add(ray.remote(SlowRank).options(**reservation.rank_options(r)).remote(), f"rank{r}",
+                                   tmp_path / f"rank{r}.log") for r in range(2)]
+    reservation.record(tmp_path, ranks, [])
+    placed = json.loads((tmp_path / "placement.json").read_text())
+    assert len(placed["ranks"]) == 2 and placed["ranks"][0]["gpus"] != placed["ranks"][1]["gpus"]
+
+
 def two_nodes_of_declared_gpus(gpus: int):
     """Two Ray nodes of this machine with `gpus` GPUs each, declared to Ray's scheduler only: two hosts of a cluster."""
     from ray.cluster_utils import Cluster
