@@ -227,7 +227,7 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, r.max_tokens, list(range(len(ids))), images)
+        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, [r.max_tokens] * len(ids), list(range(len(ids))), images)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)

@@ -17,16 +17,15 @@ def check_policy_version(versions: list[int], current: int) -> None:
         )
 
 
-def check_no_padding_holes(mask: torch.Tensor) -> None:
-    """A response mask [B, T-1] must be one contiguous run of 1s per row: a 0 between 1s is a bug upstream."""
-    ones = mask > 0
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    first = torch.where(ones, positions, mask.shape[1]).min(-1).values
-    last = torch.where(ones, positions, -1).max(-1).values
-    holes = (last - first + 1).clamp(min=0) != ones.sum(-1)
-    if holes.any():
-        row = int(holes.nonzero()[0])
-        raise ValueError(f"response mask row {row} has a padding hole (a 0 between 1s): {mask[row].int().tolist()}")
+def check_no_trained_padding(response_mask: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """A response mask [B, T-1] (prediction-aligned) may be 1 only where the predicted token is a real one
+    (attention_mask [B, T] is 1 there): a trained padding token is a bug upstream. Zeros between ones are an
+    episode's environment tokens."""
+    trained_padding = (response_mask > 0) & (attention_mask[:, 1:] == 0)
+    if trained_padding.any():
+        row = int(trained_padding.any(-1).nonzero()[0])
+        raise ValueError(f"response mask row {row} trains padding: mask {response_mask[row].int().tolist()}, "
+                         f"attention {attention_mask[row].tolist()}")
 
 
 def non_finite(**tensors: torch.Tensor) -> list[str]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from oxrl_core.config.schema import JudgeSection, RLConfig, SLConfig
+from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
 from oxrl_core.placement import decide, local_gpus
@@ -42,6 +43,18 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: Online DPO pairs the best and the worst of at least 2 samples per prompt")
     if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
+
+    env = config.rollout.env
+    if env.name is not None and (isinstance(config, SLConfig) or train.alg == "ppo"):
+        raise OxrlError(f"rollout.env.name={env.name!r}: episodes train with --alg cispo or sgrpo "
+                        f"(got {train.alg}; PPO's per-token advantages across environment turns are not built)")
+    if config.reward.func == "env" and env.name is None:
+        raise OxrlError("reward.func=env: the environment's own reward needs an environment (rollout.env.name)")
+    if env.name is not None:
+        resolve_env(env.name, env.kwargs)  # importable, and built with its kwargs
+    if env.name is not None and env.max_episode_tokens < config.rollout.max_tokens:
+        raise OxrlError(f"rollout.env.max_episode_tokens={env.max_episode_tokens}: must hold at least one full policy "
+                        f"message (rollout.max_tokens={config.rollout.max_tokens})")
 
     if config.lora.enabled and not config.model.freeze_vision:
         raise OxrlError("model.freeze_vision=false: needs full weights (lora.enabled=false); LoRA adapts the language model "

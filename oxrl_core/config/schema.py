@@ -148,6 +148,16 @@ class RLTrain(TrainCommon):
     eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Greedy accuracy on `data.val` every N steps (0: before and after training only).")
 
 
+class EnvSection(Section):
+    """`oxrl train rl`: each sample is an episode against an environment that answers the policy between its
+    messages (tool results, feedback); only the policy's tokens train (FAQ: Multi-turn and tools)."""
+
+    name: str | None = Field(None, description="`calculator` (add, sub, mul and div tools for arithmetic), `guess-number` (higher or lower after each guess) or an importable `module:Class`; unset: one response per prompt.")
+    kwargs: dict = Field({}, description="Keyword arguments for the environment's class.")
+    max_turns: Annotated[int, Field(ge=1, le=16)] = Field(4, description="Policy messages per episode at most; an episode cut here gets no reward from the environment.")
+    max_episode_tokens: PositiveInt = Field(512, description="Tokens after the prompt per episode at most: the policy's, the environment's and the chat template's. An episode that reaches it ends truncated (see `rollout.mask_truncated`).")
+
+
 class RolloutSection(Section):
     n_samples: PositiveInt = Field(8, description="Completions sampled per prompt (the group size).")
     temperature: Annotated[float, Field(ge=0)] = Field(1.0, description="Sampling temperature.")
@@ -160,7 +170,8 @@ class RolloutSection(Section):
     weight_bucket_mb: PositiveInt = Field(1024, description="A refresh moves the weights to the engines in buckets of at most this many MiB (broadcast from trainer rank 0, or colocated on GPUs over CUDA IPC); the extra memory on either side is one bucket.")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (weights, activations, KV cache). On CPU unused: the KV cache is sized for a step's samples per engine.")
     force_strict_on_policy: bool = Field(True, description="Refuse samples produced by an older policy version.")
-    mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` out of the loss.")
+    mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` (episodes: at `env.max_episode_tokens` too) out of the loss.")
+    env: EnvSection = Field(default_factory=EnvSection, description="Multi-turn RL: the environment each episode runs against.")
 
 
 class JudgeSection(Section):
@@ -181,7 +192,7 @@ class JudgeSection(Section):
 
 
 class RewardSection(Section):
-    func: str = Field("math", description="A shipped reward by name, `module:function`, `reward-model` (a trained reward model, `reward.kwargs.path`), or `judge` (an LLM judge, `reward.judge`).")
+    func: str = Field("math", description="A shipped reward by name, `module:function`, `reward-model` (a trained reward model, `reward.kwargs.path`), `judge` (an LLM judge, `reward.judge`), or `env` (the environment's own score of each episode, 0 where it gave none). With `rollout.env`, the others score an episode's last policy message.")
     kwargs: dict = Field({}, description="Keyword arguments for the reward function.")
     judge: JudgeSection = Field(default_factory=JudgeSection, description="reward.func=judge: the judge model and how it scores.")
     on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised or whose judgment could not be read (the error is reported with the sample).")

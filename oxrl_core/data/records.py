@@ -9,6 +9,7 @@ import numpy as np
 
 from oxrl_core.data.images import bind_images, has_images, image_policy, message_images
 from oxrl_core.data.sft import SFTExample, chat_template_ids, content_text, tokenize_sft
+from oxrl_core.envs import Environment
 from oxrl_core.errors import OxrlError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -146,8 +147,11 @@ class PromptExample:
     images: tuple[np.ndarray, ...] = ()  # the prompt's images, sized (data/images.py), in order
 
 
-def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tuple[list[PromptExample], DataReport]:
-    """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt."""
+def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
+                 new_env: Callable[[], Environment] | None = None) -> tuple[list[PromptExample], DataReport]:
+    """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt. With an
+    environment (`new_env` builds one), an episode's opening: the messages its `reset` gives for the record, and
+    the tools it offers."""
 
     def convert(record: dict) -> PromptExample:
         name = "messages" if "messages" in record else "prompt"
@@ -157,7 +161,13 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool) -> tu
         if not messages:
             raise ValueError(f"field {name!r} is an empty list")
         check_messages(messages)
-        ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
+        tools = None
+        if new_env is not None:
+            if message_images(messages):
+                raise ValueError("a record with images: episodes against an environment (rollout.env) are text-only for now")
+            env = new_env()
+            messages, tools = env.reset(record), env.tools or None
+        ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
         if len(ids) > max_prompt_len:
             raise ValueError(f"prompt is {len(ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
         return PromptExample(ids, record, tuple(message_images(messages)))

@@ -75,8 +75,9 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
     return SFTExample(input_ids[:max_len], target_mask[:max_len], images)
 
 
-def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    """Token ids of `messages` rendered by the tokenizer's chat template; ValueError if the template refuses them."""
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `messages` (and the `tools` offered, as function specs) rendered by the tokenizer's chat template;
+    ValueError if the template refuses them."""
     if not messages:
         return []
     images = message_images(messages)
@@ -86,7 +87,7 @@ def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bo
     try:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
         ids = list(tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
     except jinja2.TemplateError as e:  # templates reject conversations, e.g. roles that do not alternate
         raise ValueError(f"the chat template rejects this conversation: {e}") from None
     return expand_image_tokens(ids, images, image_policy(tokenizer)) if images else ids

@@ -145,7 +145,7 @@ def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> 
     try:
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values
-        return engine.generate([p.prompt_ids for p in prompts], s.n, s.temperature, 1.0, s.max_tokens,
+        return engine.generate([p.prompt_ids for p in prompts], s.n, s.temperature, 1.0, [s.max_tokens] * len(prompts),
                                [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))], [p.images for p in prompts])
     finally:
         # vLLM's engine core hides its objects from the garbage collector (gc.freeze) until its shutdown; without it

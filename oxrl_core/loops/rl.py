@@ -9,12 +9,13 @@ version that produced it.
 
 import json
 import time
+from functools import partial
 
 import torch
 from rich.console import Console
 
 from oxrl_core.algs.advantages import gae, group_advantages
-from oxrl_core.checks.stability import check_no_padding_holes, check_policy_version, non_finite
+from oxrl_core.checks.stability import check_no_trained_padding, check_policy_version, non_finite
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
@@ -22,10 +23,12 @@ from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.loops.crash import crash_report
 from oxrl_core.loops.run_folder import load_tokenizer, open_run_folder, report_data, save_checkpoint
 from oxrl_core.loops.signals import stop_on_signals
+from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.rewards import RewardUnavailable, resolve_reward, score_samples
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
@@ -36,19 +39,23 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
     train, rollout_cfg, ranks = config.train, config.rollout, config.run.train_ranks
     run_dir, ds_dir, state, config_yaml = open_run_folder(config, resume)
     with stop_on_signals(run_dir, console) as signals:  # from here on a signal stops the run cleanly
-        # Prompts and the reward are checked before any engine starts.
+        # Prompts, the environment and the reward are checked before any engine starts.
         tokenizer, pad_id = load_tokenizer(model_path)
+        env = rollout_cfg.env
+        new_env = partial(resolve_env(env.name, env.kwargs), **env.kwargs) if env.name else None  # an episode's
         prompt_sets, reports = [], []
         for source in config.data.train:
-            prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+            prompts, report = load_prompts(source.path, tokenizer, rollout_cfg.max_prompt_len, config.data.strict, new_env)
             prompt_sets.append(prompts)
             reports.append(report)
         val_prompts = []
         if config.data.val is not None:
-            val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict)
+            val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict, new_env)
             reports.append(report)
         report_data(reports, run_dir, console)
-        reward_fn = resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge)
+        # reward.func=env: the environment scores each episode itself
+        reward_fn = None if config.reward.func == "env" else resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge)
+        template = TurnTemplate(tokenizer, new_env().tools) if new_env else None
 
         prompts_per_step = train.batch_size // rollout_cfg.n_samples
         ppo = train.alg == "ppo"
@@ -72,12 +79,18 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
                 reward_fn.start(reservation, run_dir, train.batch_size)
 
             def generate(prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
+                if new_env:  # each sample an episode: the policy's turns and the environment's answers between them
+                    return run_episodes(pool.generate, prompts, n, temperature, seed_base, new_env, template, env.max_turns,
+                                        rollout_cfg.max_tokens, env.max_episode_tokens)
                 return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
 
             def score(rollouts: list[Rollout], prompts: list[PromptExample]) -> None:
-                responses = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
-                rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
-                                                config.reward.on_error)
+                if reward_fn is None:
+                    rewards, errors = [0.0 if r.env_reward is None else r.env_reward for r in rollouts], []
+                else:
+                    responses = [tokenizer.decode(r.answer_ids, skip_special_tokens=True) for r in rollouts]
+                    rewards, errors = score_samples(reward_fn, responses, [prompts[r.group].record for r in rollouts],
+                                                    config.reward.on_error)
                 for r, reward in zip(rollouts, rewards):
                     r.reward = reward
                 for error in errors:  # reported with the sample, the run goes on
@@ -225,10 +238,11 @@ def _rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tenso
             examples = []
             for x in chunk:
                 keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
-                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep] * len(x.response_ids),
+                sampled = x.policy_mask or [1] * len(x.response_ids)  # an episode's environment tokens never train
+                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep * s for s in sampled],
                                            x.images))
             batch = collate_sft(examples, pad_id)
-            check_no_padding_holes(batch["response_mask"])
+            check_no_trained_padding(batch["response_mask"], batch["attention_mask"])
             sampler_logprobs = torch.zeros_like(batch["response_mask"])
             for b, x in enumerate(chunk):
                 sampler_logprobs[b, len(x.prompt_ids) - 1:len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(x.sampler_logprobs)
@@ -292,13 +306,17 @@ def _loss_kwargs(config: RLConfig, num_tokens: float, num_seqs: int) -> dict:
 
 def _rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
     lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
-    return {
+    metrics = {
         "reward_mean": rewards.mean().item(),
         "reward_std": rewards.std(unbiased=False).item(),
         "accuracy": (rewards >= 1.0).float().mean().item(),
-        "response_length": lengths.mean().item(),
+        "response_length": lengths.mean().item(),  # an episode's: its policy's and its environment's tokens
         "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
     }
+    if rollouts[0].policy_mask is not None:  # episodes: policy messages each, and the tokens the policy sampled
+        metrics["turns"] = sum(1 + sum(a > b for a, b in zip(r.policy_mask[1:], r.policy_mask)) for r in rollouts) / len(rollouts)
+        metrics["policy_tokens"] = sum(sum(r.policy_mask) for r in rollouts) / len(rollouts)
+    return metrics
 
 
 def _train_metrics(results: list[dict], num_tokens: float) -> dict:

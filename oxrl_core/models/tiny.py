@@ -24,8 +24,13 @@ TINY_VL_MODEL_NAME = "oxrl-tiny-vl"
 COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is a whole build
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-# Qwen's ChatML template without its tool support and without a default system message.
+# ChatML without a default system message. Tools offered (multi-turn RL, envs/) are listed in a system message
+# first, compactly (a tiny model's context is short): `name(arguments): description` a line. The policy calls one as
+# Qwen's models do, with a JSON object in <tool_call> tags; a `tool` message is a turn of its own.
 CHATML_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\nTools, called as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>:\n' }}"
+    "{% for tool in tools %}{{ tool.function.name + '(' + tool.function.parameters.properties | join(', ') + '): ' "
+    "+ tool.function.description + '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"

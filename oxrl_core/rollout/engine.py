@@ -36,6 +36,21 @@ class Rollout:
     policy_version: int
     reward: float = 0.0
     images: tuple[np.ndarray, ...] = ()  # the prompt's images (set by the pool, which has them), uint8 [H, W, 3] each
+    # An episode (rollout/episodes.py): 1 where the policy sampled the response token, 0 where the environment or
+    # the chat template put it; None: every token was sampled.
+    policy_mask: list[int] | None = None
+    env_reward: float | None = None  # the environment's score of the episode, where it gave one
+
+    @property
+    def answer_ids(self) -> list[int]:
+        """What a reward reads: the response, or an episode's last policy message."""
+        if self.policy_mask is None:
+            return self.response_ids
+        end = max(i for i, sampled in enumerate(self.policy_mask) if sampled) + 1
+        start = end
+        while start > 0 and self.policy_mask[start - 1]:
+            start -= 1
+        return self.response_ids[start:end]
 
 
 def _load_weights(worker, weights):
@@ -180,17 +195,17 @@ class RolloutEngine:
         """Why vLLM did not start (the exception's first line), or None once it runs."""
         return self.failure
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: list[int],
                  seeds: list[int], images: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
-        """`images`: each prompt's images (uint8 [H, W, 3], sized by data/images.py), whose placeholders the prompt's
-        ids hold expanded, as the trainer reads them."""
+        """`max_tokens` and `seeds`: each prompt's. `images`: each prompt's images (uint8 [H, W, 3], sized by
+        data/images.py), whose placeholders the prompt's ids hold expanded, as the trainer reads them."""
         from PIL import Image
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed,
-                                 detokenize=False, stop_token_ids=self.placeholders) for seed in seeds]
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=tokens, logprobs=0, seed=seed,
+                                 detokenize=False, stop_token_ids=self.placeholders) for tokens, seed in zip(max_tokens, seeds)]
         requests = []
         for i, ids in enumerate(prompts):
             if images and images[i]:

@@ -28,6 +28,7 @@ class RolloutPool:
         # The samples of one step, shared by the engines: an RL batch counts samples, an SL batch prompts.
         step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else r.n_samples)
         self.engines, logs = [], []  # engines: each its workers, tensor-parallel rank 0 first
+        max_model_len = r.max_prompt_len + (r.env.max_episode_tokens if r.env.name else r.max_tokens)
         for e in range(r.engines):
             options = [reservation.engine_worker_options(e, shard) for shard in range(tp)]
             meeting = reservation.address(options[0]) if tp > 1 else None
@@ -35,7 +36,7 @@ class RolloutPool:
             for shard in range(tp):
                 logs.append(log_dir / (f"engine{e}.log" if tp == 1 else f"engine{e}-tp{shard}.log"))
                 workers.append(self.watch.add(ray.remote(RolloutEngine).options(**options[shard]).remote(
-                    model_path, dtype, r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, config.train.seed + e,
+                    model_path, dtype, max_model_len, r.gpu_memory_utilization, config.train.seed + e,
                     -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None),
                     logs[-1].stem, logs[-1]))
             self.engines.append(workers)
@@ -55,15 +56,17 @@ class RolloutPool:
                               for i, w in enumerate(self.workers))], "weight channel")
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
-                 images: list[tuple] | None = None) -> list[Rollout]:
-        """`n` samples of each prompt, sorted by prompt (`Rollout.group`), each with its prompt's `images` (if any).
+                 images: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[Rollout]:
+        """`n` samples of each prompt, sorted by prompt (`Rollout.group`), each with its prompt's `images` (if any),
+        of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens).
         Prompts are dealt round-robin to the engines (an engine's workers all get its share and return the same
         samples); each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
         with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
         r = self.config.rollout
         images = images if images and any(images) else None
+        max_tokens = max_tokens or [r.max_tokens] * len(prompts)
         shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
-        busy = [(share, [w.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, r.max_tokens,
+        busy = [(share, [w.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, [max_tokens[i] for i in share],
                                            [(seed_base * 100_003 + i) * n for i in share],
                                            [images[i] for i in share] if images else None) for w in workers])
                 for workers, share in zip(self.engines, shares) if share]

@@ -191,7 +191,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         group = TrainGroup(config, model_path, tmp_path / "logs", reservation)
         pool = RolloutPool(config, model_path, tmp_path / "logs", reservation, group)
         assert reservation.placement.mode == placement and len(pool.engines) == 2
-        before = ray.get(pool.engines[0][0].generate.remote(prompt, 4, 1.0, 1.0, 8, [0]))
+        before = ray.get(pool.engines[0][0].generate.remote(prompt, 4, 1.0, 1.0, [8], [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = _rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
@@ -202,7 +202,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4
         after = [s for (worker, *_), seed in zip(pool.engines, (1, 2))
-                 for s in ray.get(worker.generate.remote(prompt, 2, 1.0, 1.0, 8, [seed]))]
+                 for s in ray.get(worker.generate.remote(prompt, 2, 1.0, 1.0, [8], [seed]))]
         assert all(s.policy_version == 1 for s in after)
         trainer = group.call("token_logprobs", _rl_micro_batches(after, {}, 2, 1, 0, False))
         for i, sample in enumerate(after):

@@ -63,21 +63,9 @@ def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
     return nll / tokens
 
 
-@pytest.fixture(scope="module")
-def zero3_run(tmp_path_factory, tiny_model_dir, oxrl, ray_address):
-    """The shipped SFT example (ZeRO-3 on 2 ranks) for 30 steps, trained once: its metrics and checkpoints are
-    checked, and vLLM loads its final folder. (Module fixtures are set up before the per-test one that sets
-    RAY_ADDRESS: this one passes it itself.)"""
-    out = tmp_path_factory.mktemp("z3") / "runs"
-    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=30",
-                  "run.checkpoint_every=10", f"run.output_dir={out}", env={"RAY_ADDRESS": ray_address})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out / "sft-tiny"
-
-
 @pytest.mark.quick
-def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(zero3_run):
-    run = zero3_run
+def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(shipped_sft_run):
+    run = shipped_sft_run
     summary = json.loads((run / "summary.json").read_text())
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
     assert (run / "ds" / "latest").read_text() == "step-30"
@@ -99,11 +87,11 @@ def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_an
     assert abs(hf_eval_loss(model, final, REPO / "examples/data/arithmetic_sft_val.jsonl") - summary["eval_loss"]) <= 1e-4
 
 
-def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, zero3_run):
+def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, shipped_sft_run):
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
         if __name__ == "__main__":
-            llm = LLM(model="{zero3_run / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+            llm = LLM(model="{shipped_sft_run / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                       kv_cache_memory_bytes=2**26)  # not a share of the NUMA node, which VMs report small at start
             out = llm.generate(["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
             print("GENERATED", len(out[0].outputs[0].token_ids))

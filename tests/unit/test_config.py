@@ -200,6 +200,28 @@ def test_cispo_with_a_kl_coefficient_is_refused_rather_than_ignored(tmp_path, go
     check_config(load_config(RLConfig, path, ["train.alg=ppo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["train.alg=ppo", "rollout.env.name=calculator"], r"rollout.env.name='calculator': episodes train with --alg cispo or sgrpo \(got ppo"),
+    (["reward.func=env"], r"reward.func=env: the environment's own reward needs an environment \(rollout.env.name\)"),
+    (["rollout.env.name=calculator", "rollout.max_tokens=64", "rollout.env.max_episode_tokens=32"],
+     r"rollout.env.max_episode_tokens=32: must hold at least one full policy message \(rollout.max_tokens=64\)"),
+    (["rollout.env.name=calculator", "rollout.env.max_turns=17"], r"rollout.env.max_turns"),
+    (["rollout.env.name=chess"], r"rollout.env.name='chess': not a shipped environment \(calculator, guess-number\)"),
+])
+def test_multi_turn_mistakes_are_refused_at_load(tmp_path, good, overrides, expected):
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(good))
+    from oxrl_core.config.checks import check_config
+
+    with pytest.raises(OxrlError, match=expected):
+        check_config(load_config(RLConfig, path, ["rollout.n_samples=4", *overrides]))
+    check_config(load_config(RLConfig, path, ["rollout.n_samples=4", "rollout.env.name=calculator", "reward.func=env"]))
+
+
+def test_episodes_are_refused_for_the_sl_algorithms_that_sample(tmp_path, good):
+    assert "episodes train with --alg cispo or sgrpo (got rft" in rejected(tmp_path, good, ["train.alg=rft", "rollout.env.name=calculator"])
+
+
 def test_internal_failure_leaves_a_crash_report_but_a_user_mistake_does_not(tmp_path):
     from oxrl_core.loops.crash import crash_report
 

@@ -3,15 +3,17 @@
 import pytest
 import torch
 
-from oxrl_core.checks.stability import StalePolicyError, check_no_padding_holes, check_policy_version, non_finite
+from oxrl_core.checks.stability import StalePolicyError, check_no_trained_padding, check_policy_version, non_finite
 from oxrl_core.loops.rl import _rl_micro_batches
 from oxrl_core.rollout.engine import Rollout
 
 
-def test_padding_hole_in_a_response_mask_is_an_error():
-    check_no_padding_holes(torch.tensor([[0, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]]))
-    with pytest.raises(ValueError, match=r"row 1 has a padding hole.*\[0, 1, 0, 1, 0\]"):
-        check_no_padding_holes(torch.tensor([[0, 1, 1, 0, 0], [0, 1, 0, 1, 0]]))
+def test_a_response_mask_that_trains_padding_is_an_error_and_an_episodes_gaps_are_not():
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    # row 0: an episode, its environment's tokens (the 0s between 1s) masked out
+    check_no_trained_padding(torch.tensor([[0, 1, 0, 0, 1], [0, 1, 1, 0, 0]]), attention)
+    with pytest.raises(ValueError, match=r"row 1 trains padding: mask \[0, 1, 1, 1, 0\], attention \[1, 1, 1, 1, 0, 0\]"):
+        check_no_trained_padding(torch.tensor([[0, 1, 1, 0, 0], [0, 1, 1, 1, 0]]), attention)
 
 
 def test_stale_policy_versions_are_refused_and_current_ones_pass():
