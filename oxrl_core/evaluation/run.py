@@ -90,6 +90,9 @@ def run_eval(models: list[str], data: Path, reward: str, reward_kwargs: dict, se
     candidates = [_load(name, path, Path(data), settings) for name, path in zip(models, paths)]
     _check_same_prompts(candidates, data)
     reward_fn = resolve_reward(reward, reward_kwargs)
+    if reward_fn is None:
+        raise OxrlError("--reward env: an environment's own score exists only for the episodes of an RL run; "
+                        "`oxrl eval` scores single responses (math, gsm8k, format, code, or module:function)")
     out = Path(out) if out else default_out(models)
     folders = [out] if len(models) == 1 else [out / "model_a", out / "model_b"]
     summaries = []

@@ -53,8 +53,7 @@ def train_rl(config: RLConfig, model_path: str, resume: bool, console: Console) 
             val_prompts, report = load_prompts(config.data.val, tokenizer, rollout_cfg.max_prompt_len, config.data.strict, new_env)
             reports.append(report)
         report_data(reports, run_dir, console)
-        # reward.func=env: the environment scores each episode itself
-        reward_fn = None if config.reward.func == "env" else resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge)
+        reward_fn = resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge)  # None: the environment's
         template = TurnTemplate(tokenizer, new_env().tools) if new_env else None
 
         prompts_per_step = train.batch_size // rollout_cfg.n_samples

@@ -32,10 +32,16 @@ class RewardUnavailable(OxrlError):
     """The reward's own engine failed (a judge's vLLM died): no sample of the step can be scored."""
 
 
-def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn:
+def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
     """A shipped reward by name, or any importable `module:function`; kwargs are bound now.
     `reward-model` loads the model now, `judge` (with the run's `reward.judge`) checks its settings and loads the
-    judge's tokenizer, and `code` tries its sandbox, so that each fails before any engine starts."""
+    judge's tokenizer, and `code` tries its sandbox, so that each fails before any engine starts. `env`: None, the
+    environment of a multi-turn run scores each episode itself."""
+    if spec == "env":
+        if kwargs:
+            raise OxrlError(f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=env, whose environment "
+                            f"takes rollout.env.kwargs")
+        return None
     if spec == "reward-model":
         return _reward_model(kwargs)
     if spec == "judge":
@@ -60,7 +66,7 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn:
         if not callable(fn):
             raise OxrlError(f"reward.func={spec!r}: not a function")
     else:
-        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model', 'judge'])}) and not module:function")
+        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model', 'judge', 'env'])}) and not module:function")
     return partial(fn, **kwargs) if kwargs else fn
 
 

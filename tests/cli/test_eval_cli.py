@@ -12,7 +12,8 @@ from oxrl_core.evaluation.run import EvalSettings, check_settings
 @pytest.mark.parametrize("extra, data_name, message", [
     (["--n", "8", "--k", "1,16"], "p.jsonl", "--k 16: pass@k needs 1 <= k <= --n (8)"),
     ([], "missing.jsonl", "missing.jsonl: no such data file"),
-], ids=["k-above-n", "missing-data"])
+    (["--reward", "env"], "p.jsonl", "--reward env: an environment's own score exists only for the episodes of an RL run"),
+], ids=["k-above-n", "missing-data", "environment-reward"])
 def test_console_script_exits_2_with_one_line_and_writes_nothing(oxrl, tiny_model_dir, tmp_path, extra, data_name, message):
     (tmp_path / "p.jsonl").write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
     out = tmp_path / "eval"

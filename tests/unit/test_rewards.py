@@ -124,3 +124,6 @@ def test_rewards_resolve_by_name_or_module_function():
         resolve_reward("nope", {})
     with pytest.raises(OxrlError, match="cannot import"):
         resolve_reward("no_such_module:f", {})
+    assert resolve_reward("env", {}) is None  # an episode's environment scores it
+    with pytest.raises(OxrlError, match="reward.kwargs: scale given for reward.func=env"):
+        resolve_reward("env", {"scale": 2})
