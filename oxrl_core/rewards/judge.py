@@ -175,7 +175,7 @@ class Judge:
         s = self.settings
         ids, fits, texts = self._prompt_ids(prompts, s.max_tokens)
         seeds = [self.calls * 100_003 + i for i in fits]  # matter only when the judge samples (temperature > 0)
-        rollouts = self._call("generate", [ids[i] for i in fits], 1, s.temperature, 1.0, s.max_tokens, seeds)
+        rollouts = self._call("generate", [ids[i] for i in fits], 1, s.temperature, 1.0, [s.max_tokens] * len(fits), seeds)
         for i, rollout in zip(fits, sorted(rollouts, key=lambda r: r.group)):
             texts[i] = self.tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
         return list(zip(prompts, texts))
