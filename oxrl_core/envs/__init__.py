@@ -9,11 +9,11 @@ An environment is selected by name (`rollout.env.name`) or as any importable `mo
 episode with the record's fields it needs and `rollout.env.kwargs`.
 """
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from oxrl_core.errors import OxrlError
+from oxrl_core.imports import shipped_or_imported
 
 
 @dataclass
@@ -46,16 +46,7 @@ def resolve_env(spec: str, kwargs: dict) -> type:
     from oxrl_core.envs.guess_number import GuessNumber
 
     shipped = {"calculator": Calculator, "guess-number": GuessNumber}
-    if spec in shipped:
-        cls = shipped[spec]
-    elif ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise OxrlError(f"rollout.env.name={spec!r}: cannot import ({e})") from None
-    else:
-        raise OxrlError(f"rollout.env.name={spec!r}: not a shipped environment ({', '.join(shipped)}) and not module:Class")
+    cls = shipped_or_imported(spec, shipped, "rollout.env.name", "environment", list(shipped))
     try:
         cls(**kwargs)
     except TypeError as e:

@@ -7,12 +7,12 @@ object may also have `score_batch(responses, samples) -> list[float | Unscored]`
 which the RL loop then calls once per step instead.
 """
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 from oxrl_core.errors import OxrlError
+from oxrl_core.imports import shipped_or_imported
 from oxrl_core.rewards.code import check_sandbox, code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
 
@@ -55,18 +55,9 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
         return Judge(judge)
     if spec == "code":
         check_sandbox(kwargs.get("sandbox", "jail"))
-    if spec in REWARDS:
-        fn = REWARDS[spec]
-    elif ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise OxrlError(f"reward.func={spec!r}: cannot import ({e})") from None
-        if not callable(fn):
-            raise OxrlError(f"reward.func={spec!r}: not a function")
-    else:
-        raise OxrlError(f"reward.func={spec!r}: not a shipped reward ({', '.join([*REWARDS, 'reward-model', 'judge', 'env'])}) and not module:function")
+    fn = shipped_or_imported(spec, REWARDS, "reward.func", "reward", [*REWARDS, "reward-model", "judge", "env"])
+    if not callable(fn):
+        raise OxrlError(f"reward.func={spec!r}: not a function")
     return partial(fn, **kwargs) if kwargs else fn
 
 
