@@ -1,22 +1,25 @@
 """The RL training phase alone, variant by variant: a benchmark, never a test.
 
-The model and config of `rl_step.py` (built under --out when missing);
-synthetic rollouts of the same size (512 sequences of 128 + 512 tokens). Each
+The model and config of `rl_step.py` (built under --out when missing) for --shape and --gpus (one trainer rank a
+GPU, no vLLM engine); synthetic rollouts of the same size (512 sequences of 128 + 512 tokens a GPU). Each
 variant is a set of config overrides; its train step (CISPO) and old-logprob pass
-are timed over 3 steps after 1 warm-up, through the same TrainGroup as the loop.
+are timed over --steps steps after 1 warm-up, through the same TrainGroup as the loop; MFU is per GPU.
 First the output layer + logprobs op alone, forward + backward (`head_op`): oxrl's fused head against the logits
 path it replaced and a full [B, T, V] float32 log-softmax (the naive baseline), with the fused head's differences
 from the logits path (float32: within 1e-5; bf16).
 
-    python benchmarks/train_phase.py --out DIR "VARIANT" ["VARIANT" ...]   # VARIANT: "k=v k=v" or "base"
+    python benchmarks/train_phase.py --out DIR [--shape 7b] [--gpus 2] [--steps 3] "VARIANT" ["VARIANT" ...]
+                                                          # VARIANT: "k=v k=v" or "base"
 """
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
 import torch
+import yaml
 from torch.nn import functional as F
 
 from oxrl_core.config import load_rl_config
@@ -25,38 +28,51 @@ from oxrl_core.placement import ray_cluster
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.fused_head import fused_token_logprobs
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
-from rl_step import prepare
+from rl_step import QWEN25_SHAPES, prepare
 
 PEAK_FLOPS = 989e12
 SEQUENCES, PROMPT, RESPONSE, VOCAB, HIDDEN = 512, 128, 512, 151936, 896
 
 
-def micro_batches(config) -> list[list[dict]]:
+def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
+    """Each rank's `sequences` sequences, in micro-batches."""
     g = torch.Generator().manual_seed(0)
-    size, ranks = config.train.micro_batch_size, config.run.train_ranks
+    size = config.train.micro_batch_size
     mask = torch.zeros(size, PROMPT + RESPONSE - 1)
     mask[:, PROMPT - 1:] = 1
-    batches = []
-    for _ in range(SEQUENCES // size):
-        ids = torch.randint(0, VOCAB, (size, PROMPT + RESPONSE), generator=g)
-        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": mask.clone(),
-                        "advantages": torch.randn(size, generator=g)})
-    per_rank = len(batches) // ranks
-    return [batches[r * per_rank:(r + 1) * per_rank] for r in range(ranks)]
+    ranks = []
+    for _ in range(config.run.train_ranks):
+        batches = []
+        for _ in range(sequences // size):
+            ids = torch.randint(0, VOCAB, (size, PROMPT + RESPONSE), generator=g)
+            batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": mask.clone(),
+                            "advantages": torch.randn(size, generator=g)})
+        ranks.append(batches)
+    return ranks
 
 
-def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float) -> dict:
-    config, model_path = load_rl_config(config_path, overrides)
+def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float, steps: int,
+                 sequences: int) -> dict:
+    """The variant's overrides, then the batch that `sequences` a rank in its micro-batches make."""
+    base = yaml.safe_load(config_path.read_text())
+    micro = next((int(o.partition("=")[2]) for o in overrides if o.startswith("train.micro_batch_size=")),
+                 base["train"]["micro_batch_size"])
+    ranks = base["run"]["train_ranks"]
+    config, model_path = load_rl_config(config_path, [*overrides, f"train.batch_size={ranks * sequences}",
+                                                      f"train.grad_accum={sequences // micro}"])
     with ray_cluster(config) as reservation:
         return time_group(TrainGroup(config, model_path, config_path.parent / "train-phase-logs", reservation), config,
-                          overrides, model_flops, attention_flops)
+                          overrides, model_flops, attention_flops, steps, sequences)
 
 
-def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float) -> dict:
-    per_rank = micro_batches(config)
-    kwargs = _loss_kwargs(config, float(SEQUENCES * RESPONSE), SEQUENCES)
+def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float,
+               steps: int = 2, sequences: int = SEQUENCES) -> dict:
+    """`model_flops`, `attention_flops`: one forward over one rank's `sequences`."""
+    per_rank = micro_batches(config, sequences)
+    ranks = config.run.train_ranks
+    kwargs = _loss_kwargs(config, float(ranks * sequences * RESPONSE), ranks * sequences)
     logprob_s, train_s = [], []
-    for step in range(3):
+    for step in range(1 + steps):
         start = time.perf_counter()
         old = group.call("token_logprobs", per_rank)
         logprob_s.append(time.perf_counter() - start)
@@ -67,8 +83,9 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
         result = group.call("train_step", per_rank, alg="cispo", loss_kwargs=kwargs, with_entropy=True)[0]
         train_s.append(time.perf_counter() - start)
     group.shutdown()
-    train, logprobs = sum(train_s[1:]) / 2, sum(logprob_s[1:]) / 2  # after the warm-up step
-    return {"overrides": overrides, "train_s": train, "logprobs_s": logprobs,
+    train, logprobs = sum(train_s[1:]) / steps, sum(logprob_s[1:]) / steps  # after the warm-up step
+    return {"overrides": overrides, "train_s": train, "logprobs_s": logprobs, "train_s_each": train_s,
+            "train_tokens_per_s_per_gpu": sequences * (PROMPT + RESPONSE) / (train + logprobs),
             "train_mfu": 3 * model_flops / train / PEAK_FLOPS, "logprobs_mfu": model_flops / logprobs / PEAK_FLOPS,
             "train_mfu_with_attention": 3 * (model_flops + attention_flops) / train / PEAK_FLOPS,
             "peak_memory_gb": result.get("peak_memory_gb")}
@@ -133,24 +150,35 @@ def head_op(batch: int = 16) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b")
+    parser.add_argument("--gpus", type=int, default=1, help="trainer ranks, one a GPU, each with 512 sequences")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps after the warm-up step")
+    parser.add_argument("--sequences", type=int, default=SEQUENCES, help="sequences a rank trains a step")
+    parser.add_argument("--no-head-op", action="store_true", help="skip the output layer's op alone")
     parser.add_argument("variants", nargs="+")
     args = parser.parse_args()
-    _, _, config_path = prepare(args.out, steps=1, shape="0.5b")
-    from safetensors.torch import load_file
+    model, _, config_path = prepare(args.out, steps=1, shape=args.shape, gpus=args.gpus)
+    from safetensors import safe_open
 
-    n_params = sum(t.numel() for t in load_file(args.out / "qwen2.5-0.5b-shape" / "model.safetensors").values())
-    model_flops = 2 * n_params * SEQUENCES * (PROMPT + RESPONSE)  # one forward
+    n_params = 0
+    for shard in model.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            n_params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    model_flops = 2 * n_params * args.sequences * (PROMPT + RESPONSE)  # one forward of one rank's sequences
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L (H Q) T per token per
     # forward, over the full (unmasked) T x T as PaLM does
-    model_config = json.loads((args.out / "qwen2.5-0.5b-shape" / "config.json").read_text())
+    model_config = json.loads((model / "config.json").read_text())
     seq = PROMPT + RESPONSE
-    attention_flops = 4 * model_config["num_hidden_layers"] * model_config["hidden_size"] * seq * SEQUENCES * seq
-    results = {"head_op": head_op(), "variants": []}
-    print(json.dumps(results["head_op"]))
+    attention_flops = 4 * model_config["num_hidden_layers"] * model_config["hidden_size"] * seq * args.sequences * seq
+    results = {"shape": args.shape, "gpus": args.gpus, "device": torch.cuda.get_device_name(0), "variants": []}
+    if not args.no_head_op:
+        results["head_op"] = head_op()
+        print(json.dumps(results["head_op"]))
     for variant in args.variants:
         overrides = [] if variant == "base" else variant.split()
         try:
-            results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops))
+            results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops, args.steps,
+                                                    args.sequences))
         except Exception as e:  # one failing variant (out of memory, say) must not lose the others
             results["variants"].append({"overrides": overrides, "error": repr(e)[:500]})
         print(json.dumps(results["variants"][-1]), flush=True)

@@ -1,15 +1,20 @@
 """Where one RL train step's time goes on a GPU: a benchmark, never a test.
 
-rl_step.py's model and config (with KEY=VALUE overrides), train_phase.py's synthetic micro-batches, one TrainEngine in
-this process (no Ray). Three timed steps (the first compiles), then torch.profiler over a step of 8 micro-batches:
+rl_step.py's model and config (with KEY=VALUE overrides), train_phase.py's synthetic micro-batches, one TrainEngine a
+process (no Ray): this process, or with --ranks N one child process a GPU (ZeRO's collectives between them). Three
+timed steps (the first compiles), then torch.profiler over a step of 8 micro-batches on rank 0:
 its wall time against the time the GPU was busy (the union of its kernels' intervals), what the host ran while the GPU
 was idle, and the ops by CUDA time and by CPU time. Written to OUT/profile.txt.
 
-    python benchmarks/train_step_profile.py OUT [KEY=VALUE ...]
+    python benchmarks/train_step_profile.py OUT [--ranks N] [KEY=VALUE ...]
 """
 
+import argparse
+import os
+import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -24,14 +29,32 @@ from train_phase import RESPONSE, SEQUENCES, micro_batches
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--ranks", type=int, default=1, help="trainer ranks, one GPU each")
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # set for the child processes
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    _, _, config_path = prepare(out / "work", steps=1, shape="0.5b")
-    config, model_path = load_rl_config(config_path, sys.argv[2:])
-    report = open(out / "profile.txt", "w")  # the engine sends this process's stdout to its rank log
-    engine = TrainEngine(config, model_path, 0, 1, ("127.0.0.1", free_port()), out / "logs")
-    batches = micro_batches(config)[0]
-    kwargs = _loss_kwargs(config, float(SEQUENCES * RESPONSE), SEQUENCES)
+    if args.rank is None:
+        _, _, config_path = prepare(out / "work", steps=1, shape="0.5b", gpus=args.ranks)
+    else:  # a child: its parent prepared
+        config_path = out / "work" / "rl_step.yaml"
+    if args.ranks > 1 and args.rank is None:
+        port = free_port()
+        children = [subprocess.Popen([sys.executable, __file__, str(out), "--ranks", str(args.ranks), "--rank", str(rank),
+                                      "--port", str(port), *args.overrides], env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank)})
+                    for rank in range(args.ranks)]
+        sys.exit(max(child.wait() for child in children))
+    rank, port = args.rank or 0, args.port or free_port()
+    config, model_path = load_rl_config(config_path, args.overrides)
+    # every rank runs every step (ZeRO's collectives); rank 0 times, profiles and reports
+    report = open(out / "profile.txt" if rank == 0 else os.devnull, "w")  # the engine sends stdout to its rank log
+    engine = TrainEngine(config, model_path, rank, args.ranks, ("127.0.0.1", port), out / "logs")
+    batches = micro_batches(config)[rank]
+    kwargs = _loss_kwargs(config, float(args.ranks * SEQUENCES * RESPONSE), args.ranks * SEQUENCES)
     for step in range(3):
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -42,11 +65,13 @@ def main() -> None:
         engine.train_step(batches, alg="cispo", loss_kwargs=kwargs, with_entropy=True)
         torch.cuda.synchronize()
         print(f"step {step}: logprobs {middle - start:.3f} s train {time.perf_counter() - middle:.3f} s", file=report, flush=True)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rank == 0 else nullcontext() as prof:
         start = time.perf_counter()
         engine.train_step(batches[:8], alg="cispo", loss_kwargs=kwargs, with_entropy=True)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    if rank:
+        return
     events = prof.events()
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA")
     busy, end, gaps = 0.0, kernels[0][0], []  # microseconds covered by at least one kernel; the idle intervals

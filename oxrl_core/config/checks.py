@@ -30,6 +30,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
         raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")
     if ds.offload_optimizer and ds.zero_stage == 0:
         raise OxrlError("deepspeed.offload_optimizer=true: needs deepspeed.zero_stage 1, 2 or 3, got 0")
+    if ds.zero_optimization:
+        check_zero_optimization(config)
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
@@ -118,3 +120,24 @@ def _check_lora_targets(targets: list[str], model_path: str, trust_remote_code: 
             raise OxrlError(
                 f"lora.target_modules: {target!r} matches no module of {model_path}; its linear layers are: {', '.join(linear)} (or use all-linear)"
             )
+
+
+def check_zero_optimization(config: SLConfig | RLConfig) -> None:
+    """`deepspeed.zero_optimization` merged over oxrl's settings must pass DeepSpeed's schema (DeepSpeedZeroConfig
+    forbids unknown keys and checks each value), and leave the stage and offloading to oxrl's own keys."""
+    owned = {"stage": "deepspeed.zero_stage", "offload_optimizer": "deepspeed.offload_optimizer",
+             "offload_param": "deepspeed.offload_param"}
+    for key in config.deepspeed.zero_optimization:
+        if key in owned:
+            raise OxrlError(f"deepspeed.zero_optimization.{key}: set {owned[key]} instead")
+    from pydantic import ValidationError
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from oxrl_core.training.engine import deepspeed_config
+
+    try:
+        DeepSpeedZeroConfig(**deepspeed_config(config)["zero_optimization"])
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
+        raise OxrlError(f"deepspeed.zero_optimization: {problems} (the keys DeepSpeed takes: "
+                        f"https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)") from None

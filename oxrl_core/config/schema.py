@@ -7,7 +7,7 @@ Cross-field and file-system checks live in `checks.py`.
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,8 +35,7 @@ class ModelSection(Section):
     compile: Literal["auto"] | bool = Field(
         "auto", description="Compile the training model's decoder layers with torch.compile (inductor): faster steps after "
                             "a one-off compile of one layer (and again once the micro-batches' shape first changes); "
-                            "`auto` is on for GPUs except under ZeRO-3 (its hooks cut each layer into pieces and add "
-                            "host time), off on CPU.")
+                            "`auto` is on for GPUs, off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
     freeze_vision: bool = Field(True, description="Vision-language models: keep the vision encoder (and its merger) frozen; "
                                                   "false trains it too (full weights only: LoRA adapts the language model).")
@@ -70,6 +69,11 @@ class DeepSpeedSection(Section):
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage: 0 plain data parallel, 1 optimizer, 2 + gradients, 3 + parameters sharded.")
     offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory and update there with DeepSpeed's CPU Adam, whose op compiles on first use (about a minute) (ZeRO 1-3).")
     offload_param: bool = Field(False, description="Keep parameters in CPU memory (ZeRO 3).")
+    zero_optimization: dict[str, Any] = Field(
+        {}, strict=False,
+        description="More of DeepSpeed's `zero_optimization` settings, over oxrl's (e.g. `stage3_prefetch_bucket_size`, "
+                    "`stage3_param_persistence_threshold`), checked against DeepSpeed's own schema before any engine "
+                    "starts; the stage and offloading stay with the keys above.")
 
 
 class RunSection(Section):

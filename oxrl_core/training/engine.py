@@ -36,6 +36,7 @@ def deepspeed_config(config: SLConfig | RLConfig) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
     if ds.offload_param:
         zero["offload_param"] = {"device": "cpu"}
+    zero |= ds.zero_optimization
     bf16 = {"enabled": model_dtype(config) == torch.bfloat16}
     if isinstance(config, RLConfig):
         # bf16 needs no loss scale, yet DeepSpeed checks every gradient for overflow at each step (per parameter, then
@@ -69,11 +70,11 @@ def needs_reference_model(config: SLConfig | RLConfig) -> bool:
 
 
 def compiles_layers(config: SLConfig | RLConfig, on_gpu: bool) -> bool:
-    """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There DeepSpeed's hooks on every
-    linear layer cut each compiled layer into pieces, and a micro-batch's host time grows by 40-75% against
-    the uncompiled layers (benchmarks/probes/host_overhead.py), where one GPU's training phase is bound by the host."""
+    """`model.compile`; `auto` where it was measured to pay: on GPUs, under every ZeRO stage since ZeRO-3 gathers each
+    layer whole (gather_by_block), so its hooks no longer cut a compiled layer into pieces (benchmarks/RESULTS.md,
+    "Two GPUs")."""
     if config.model.compile == "auto":
-        return on_gpu and config.deepspeed.zero_stage != 3
+        return on_gpu
     return config.model.compile
 
 
