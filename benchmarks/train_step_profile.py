@@ -21,6 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from oxrl_core.config import load_rl_config
+from oxrl_core.config.load import load_config
+from oxrl_core.config.schema import RLConfig
 from oxrl_core.loops.rl import _loss_kwargs
 from oxrl_core.placement.groups import free_port
 from oxrl_core.training.engine import TrainEngine
@@ -35,13 +37,16 @@ def main() -> None:
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # set for the child processes
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    if args.rank is None:
-        _, _, config_path = prepare(out / "work", steps=1, shape="0.5b", gpus=args.ranks)
-    else:  # a child: its parent prepared
-        config_path = out / "work" / "rl_step.yaml"
+    config_path = out / "work" / "rl_step.yaml"
+    if args.rank is None:  # the parent (or the only rank): the model, and the config checked with every GPU in sight
+        prepare(out / "work", steps=1, shape="0.5b", gpus=args.ranks)
+        config, model_path = load_rl_config(config_path, args.overrides)
+    else:  # a child sees its one GPU: the config its parent checked
+        config = load_config(RLConfig, config_path, args.overrides)
+        model_path = config.model.name_or_path
     if args.ranks > 1 and args.rank is None:
         port = free_port()
         children = [subprocess.Popen([sys.executable, __file__, str(out), "--ranks", str(args.ranks), "--rank", str(rank),
@@ -49,7 +54,6 @@ def main() -> None:
                     for rank in range(args.ranks)]
         sys.exit(max(child.wait() for child in children))
     rank, port = args.rank or 0, args.port or free_port()
-    config, model_path = load_rl_config(config_path, args.overrides)
     # every rank runs every step (ZeRO's collectives); rank 0 times, profiles and reports
     report = open(out / "profile.txt" if rank == 0 else os.devnull, "w")  # the engine sends stdout to its rank log
     engine = TrainEngine(config, model_path, rank, args.ranks, ("127.0.0.1", port), out / "logs")

@@ -1,5 +1,6 @@
 """ZeRO-3 as oxrl configures it (each decoder layer one leaf module: training/engine.py:gather_by_block) trains the
-weights ZeRO-2 trains: two SFT steps on 2 DeepSpeed ranks (gloo, CPU, float32), full weights and LoRA."""
+weights ZeRO-2 trains: two SFT steps on 2 DeepSpeed ranks (gloo, CPU, float32), full weights (with the README's
+prefetch setting) and LoRA."""
 
 import os
 import subprocess
@@ -29,7 +30,9 @@ tokens = 2 * sum(float(b["response_mask"].sum()) for b in batches)  # both ranks
 results = {}
 for lora in (False, True):  # ZeRO-3 last: a live HfDeepSpeedConfig would build ZeRO-2's model partitioned
     for stage in (2, 3):
-        config = SLConfig.model_validate({"model": {"dtype": "float32"}, "deepspeed": {"zero_stage": stage},
+        # full weights with the prefetch the README recommends for ZeRO-3 (here: the whole model ahead)
+        prefetch = {"stage3_prefetch_bucket_size": 5e8} if stage == 3 and not lora else {}
+        config = SLConfig.model_validate({"model": {"dtype": "float32"}, "deepspeed": {"zero_stage": stage, "zero_optimization": prefetch},
             "lora": {"enabled": lora, "r": 4, "target_modules": ["q_proj", "v_proj"]},
             "train": {"lr": 1e-2, "batch_size": 8, "micro_batch_size": 2, "grad_accum": 2, "warmup_steps": 0},
             "data": {"train": [{"path": "unused.jsonl"}]}})

@@ -111,6 +111,24 @@ def test_offload_param_needs_zero3(tmp_path, good):
     assert "deepspeed.offload_param" in message and "zero_stage=3" in message
 
 
+@pytest.mark.parametrize("override, expected", [
+    ("deepspeed.zero_optimization.stage3_prefetch_bucket_sze=5e8", "stage3_prefetch_bucket_sze: Extra inputs are not permitted"),
+    ("deepspeed.zero_optimization.stage3_prefetch_bucket_size=-1", "stage3_prefetch_bucket_size: Input should be greater than or equal to 0"),
+    ("deepspeed.zero_optimization.stage=2", "deepspeed.zero_optimization.stage: set deepspeed.zero_stage instead"),
+])
+def test_deepspeeds_zero_settings_are_checked_against_its_own_schema_at_load(tmp_path, good, override, expected):
+    assert expected in rejected(tmp_path, good, ["deepspeed.zero_stage=3", override])
+
+
+def test_deepspeeds_zero_settings_reach_the_engines_config_over_oxrls(tmp_path, good):
+    from oxrl_core.training.engine import deepspeed_config
+
+    config, _ = load(tmp_path, good, ["deepspeed.zero_stage=3", "deepspeed.offload_param=true",
+                                      "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8"])
+    assert deepspeed_config(config)["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
+                                                             "stage3_prefetch_bucket_size": 5e8}
+
+
 def test_missing_required_section_is_named(tmp_path, good):
     del good["data"]
     assert "data: required key is missing" in rejected(tmp_path, good)
