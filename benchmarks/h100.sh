@@ -16,6 +16,8 @@
 #                                                  # product's epilogue, against today's (benchmarks/probes/head_epilogue_probe.py)
 #   bash benchmarks/h100.sh attention              # a packed micro-batch's attention, today's against SDPA's backends
 #                                                  # on the padded sequences (benchmarks/probes/attention_probe.py)
+#   bash benchmarks/h100.sh vs-verl [--gpus N] [--steps N] [KEY=VALUE ...]  # verl's GRPO trainer then oxrl's step on
+#                                                  # rl_step.py's work (benchmarks/vs_verl.py); VERL_SITE: verl's packages
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/probes/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
@@ -87,6 +89,19 @@ if [ "$stage" = vs-trl ]; then
   for f in vs_trl.json trl.json oxrl.json prepare.log trl.log oxrl.log; do cp "$WORK/vs_trl/$f" "$OUT/vs_trl/" 2>/dev/null; done
   run=$(ls -td "$WORK"/vs_trl/runs/*/ 2>/dev/null | head -n 1)
   [ -n "$run" ] && cp "$run"logs/rank0.log "$run"logs/engine0.log "$OUT/vs_trl/" 2>/dev/null
+  exit 0
+fi
+
+if [ "$stage" = vs-verl ]; then
+  # verl and what it needs beside the host's torch and vLLM, installed with `pip install --target $VERL_SITE`; each
+  # side runs in its own process, verl first. Results: $OUT/vs_verl.log (the table) and $OUT/vs_verl/
+  budget=${BENCH_TIMEOUT_S:-540}
+  echo "== verl GRPO vs oxrl: same work, same GPUs, one after the other ($*)"
+  timeout "$budget" python3 benchmarks/vs_verl.py --out "$WORK/vs_verl" --budget-s $((budget - 20)) \
+    ${VERL_SITE:+--verl-site "$VERL_SITE"} "$@" > "$OUT/vs_verl.log" 2>&1
+  echo "rc=$?"; tail -n 24 "$OUT/vs_verl.log"
+  mkdir -p "$OUT/vs_verl"
+  for f in vs_verl.json verl.json oxrl.json verl_overrides.txt prepare.log verl.log oxrl.log; do cp "$WORK/vs_verl/$f" "$OUT/vs_verl/" 2>/dev/null; done
   exit 0
 fi
 

@@ -97,15 +97,16 @@ def main() -> None:
     print_table(report)
 
 
-def _run_child(role: str, argv: list[str], out: Path, timeout: float, **extra_env: str) -> int:
-    """One child in its own session (its process group is ended with it), output to `<role>.log`."""
+def _run_child(role: str, argv: list[str], out: Path, timeout: float, script: Path | None = None, **extra_env: str) -> int:
+    """One child of `script` (this one by default) in its own session (its process group is ended with it), output to
+    `<role>.log`."""
     _wait_for_free_gpu()
     env = {**os.environ, **extra_env, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     print(f"== {role} (at most {timeout:.0f} s)", flush=True)
     began = time.monotonic()
     with open(out / f"{role}.log", "w") as log:
-        child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", role, *argv], stdout=log,
+        child = subprocess.Popen([sys.executable, str(script or Path(__file__).resolve()), "--child", role, *argv], stdout=log,
                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             rc = child.wait(timeout=max(timeout, 1.0))
@@ -173,7 +174,7 @@ def child_prepare(args) -> None:
         rl_step.PROMPT_TOKENS, rl_step.NEW_TOKENS = SMOKE["prompt_tokens"], SMOKE["new_tokens"]
         rl_step.QWEN25_SHAPES["tiny"], shape = {}, "tiny"
         rl_step.build_model = lambda folder, _shape: build_tiny_model(folder)  # rl_step's builds on CUDA
-    model, prompts, config_path = rl_step.prepare(args.out, args.steps, shape)
+    model, prompts, config_path = rl_step.prepare(args.out, args.steps, shape, gpus=getattr(args, "gpus", 1))  # vs_verl: N
     print(json.dumps({"model": str(model), "prompts": str(prompts), "config": str(config_path)}))
 
 
