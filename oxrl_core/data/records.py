@@ -137,7 +137,16 @@ def load_sft_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tupl
     """Tokenized SFT examples of a file; bad records are skipped and reported (fatal when `strict`)."""
     if not tokenizer.chat_template:
         raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; SFT records ({path}) are rendered with it")
-    return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len), strict, "SFT", tokenizer)
+    return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len, record_tools(record)),
+                         strict, "SFT", tokenizer)
+
+
+def record_tools(record: dict) -> list[dict] | None:
+    """A record's `tools` (TRL's column): the function specs its chat template offers, as an RL environment's are."""
+    tools = record.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError(f"field 'tools' must be a list of function specs (objects), got {str(tools)[:60]}")
+    return tools or None
 
 
 @dataclass

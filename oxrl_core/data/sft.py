@@ -21,14 +21,15 @@ def content_text(content: str | list[dict]) -> str:
     return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
-def tokenize_sft(messages: list[dict], tokenizer, max_len: int) -> SFTExample:
-    """Token ids of the templated conversation, truncated to `max_len`; the mask marks every assistant turn.
+def tokenize_sft(messages: list[dict], tokenizer, max_len: int, tools: list[dict] | None = None) -> SFTExample:
+    """Token ids of the templated conversation (offering `tools`, function specs, as an RL environment's prompt
+    does), truncated to `max_len`; the mask marks every assistant turn.
 
     An assistant turn's tokens are what rendering the conversation through it adds
     to rendering the turns before it with the generation prompt: its content, the
     end-of-turn token and whatever the template puts after it (as TRL does).
     """
-    return _tokenize_trained_turns(messages, 0, tokenizer, max_len)
+    return _tokenize_trained_turns(messages, 0, tokenizer, max_len, tools)
 
 
 def tokenize_completion(prompt: list[dict], completion: list[dict], tokenizer, max_len: int) -> SFTExample:
@@ -42,7 +43,8 @@ def tokenize_completion(prompt: list[dict], completion: list[dict], tokenizer, m
     return _tokenize_trained_turns(prompt + completion, len(prompt), tokenizer, max_len)
 
 
-def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer, max_len: int) -> SFTExample:
+def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer, max_len: int,
+                            tools: list[dict] | None = None) -> SFTExample:
     """The templated conversation through its last trained turn: the assistant turns from `first_trained` on."""
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
@@ -53,8 +55,8 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         if i < first_trained or message["role"] != "assistant":
             continue
         last = i
-        before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True)
-        through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+        through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False, tools=tools)
         if through[: len(before)] != before or before[: len(input_ids)] != input_ids:
             raise ValueError(
                 "the chat template is not prefix-consistent: rendering a conversation does not start with the "

@@ -147,3 +147,20 @@ def test_a_template_that_rejects_or_rewrites_turns_is_a_reason_not_a_crash(tiny_
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         tokenize_sft(messages, tokenizer, 64)
+
+
+def test_a_record_with_tools_offers_them_as_an_environment_does_and_trains_the_tool_calls_and_the_answer(tmp_path, tokenizer):
+    from oxrl_core.envs.calculator import Calculator
+
+    call = '<tool_call>{"name": "mul", "arguments": {"a": 12, "b": 3}}</tool_call>'
+    record = {"messages": [{"role": "user", "content": "What is 12 * 3?"}, {"role": "assistant", "content": call},
+                           {"role": "tool", "content": "36"}, {"role": "assistant", "content": "<answer>36</answer>"}],
+              "tools": Calculator.tools}
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "tools": "add, mul"}) + "\n")
+    [example], report = load_sft_examples(path, tokenizer, 256, strict=False)
+    text = tokenizer.decode(example.input_ids)
+    # the system message that lists the tools, as an episode's prompt has it, is context
+    assert text.startswith("<|im_start|>system\nTools") and "mul(a, b): a * b" in text
+    assert masked_text(tokenizer, example) == f"{call}<|im_end|>\n<answer>36</answer><|im_end|>\n"
+    assert [p.line for p in report.problems] == [2] and "field 'tools' must be a list of function specs" in report.problems[0].reason
