@@ -92,6 +92,25 @@ def test_rl_colocated_on_one_gpu_refreshes_vllm_to_the_trainers_weights(tmp_path
     assert (tmp_path / alg / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
+def test_multi_turn_episodes_on_one_gpu_train_the_policys_tokens_from_the_refreshed_engine(tmp_path, tiny_model_dir, oxrl):
+    """The guess-the-number example, three steps at a large learning rate, from the shipped SFT example's model (a
+    random model's messages rarely end, and an episode ends with a cut message): episodes of several turns, and after
+    each refresh (CUDA IPC) vLLM's logprobs of the policy's tokens, environment tokens in their context, equal the
+    trainer's within bf16 noise."""
+    sft = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=30", "run.train_ranks=1",
+               "train.micro_batch_size=16", f"model.name_or_path={tiny_model_dir}", f"run.output_dir={tmp_path}")
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    result = oxrl("train", "rl", "--config", "examples/cispo_game_tiny.yaml", "train.steps=3", "train.lr=1e-2",
+                  "run.train_ranks=1", "train.micro_batch_size=32", f"model.name_or_path={tmp_path / 'sft-tiny' / 'final'}",
+                  f"run.output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = history(tmp_path / "cispo-game-tiny")
+    gaps = [h["logprob_gap_abs"] for h in steps]
+    print("multi-turn: turns per episode", [h["turns"] for h in steps], "logprob gap per step", gaps)
+    assert [h["policy_version"] for h in steps] == [1, 2, 3] and all(h["turns"] > 1 for h in steps)
+    assert all(gap < BF16_LOGPROB_GAP for gap in gaps[1:])
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_a_tensor_parallel_engine_over_two_gpus_takes_each_refresh_from_the_rank_on_its_gpu(tmp_path, tiny_model_dir, oxrl):
     """Issue 19's large-model layout on two GPUs: two ZeRO-3 trainer ranks and one vLLM engine of tensor parallelism
