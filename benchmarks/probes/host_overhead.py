@@ -70,7 +70,7 @@ def measure(variant: str, profile: bool) -> dict:
     torch.manual_seed(0)
     stage, compiled, leaf = variant.split("+")[0], variant.endswith("+compile"), "+leaf" in variant
     shape = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=24, num_attention_heads=4,
-                        num_key_value_heads=2, tie_word_embeddings=True)
+                        num_key_value_heads=2, tie_word_embeddings=True, use_cache=False)
     ids = torch.randint(0, shape.vocab_size, (MICRO_BATCH, TOKENS))
     if stage == "plain":
         model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
@@ -117,7 +117,7 @@ def measure(variant: str, profile: bool) -> dict:
 
             set_z3_leaf_modules(model, [type(model.model.layers[0])])
         if compiled:
-            compile_blocks(model)
+            compile_blocks(model, zero3=stage == "zero3")
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
                                           config=config)
 

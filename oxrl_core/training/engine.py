@@ -70,9 +70,10 @@ def needs_reference_model(config: SLConfig | RLConfig) -> bool:
 
 
 def compiles_layers(config: SLConfig | RLConfig, on_gpu: bool) -> bool:
-    """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There, with each layer gathered
-    whole, the compiled layers' train pass ran 1.35x slower than the eager layers' on 2 H200s (benchmarks/RESULTS.md,
-    "Two GPUs")."""
+    """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There the layers compiled whole
+    (DeepSpeed's hooks traced, recompiling per layer) ran the train pass 1.35x slower than eager on 2 H200s
+    (benchmarks/RESULTS.md, "Two GPUs"); compile_blocks now compiles only their forward under ZeRO-3, which is not
+    measured on GPUs yet."""
     if config.model.compile == "auto":
         return on_gpu and config.deepspeed.zero_stage != 3
     return config.model.compile
@@ -156,7 +157,7 @@ class TrainEngine:
                                                      task_type="SEQ_CLS" if self.reward_model else "CAUSAL_LM"))
         causal_lm = model.get_base_model() if config.lora.enabled else model  # the Hugging Face model, adapters in it
         if compiles_layers(config, on_gpu):
-            compile_blocks(causal_lm, self.vision)
+            compile_blocks(causal_lm, self.vision, self.zero3)
         if self.zero3:
             gather_by_block(causal_lm)
         # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
@@ -464,15 +465,21 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(f"{type(model).__name__}: no vision tower found (visual, vision_tower or vision_model)")
 
 
-def compile_blocks(model: torch.nn.Module, vision: bool = False) -> None:
+def compile_blocks(model: torch.nn.Module, vision: bool = False, zero3: bool = False) -> None:
     """Regional compilation: torch.compile (inductor) each of the model's repeated blocks, the decoder layers its
     `_no_split_modules` names. They share one compiled code (torch >= 2.5 does not specialise it on the module
     instance), so a first step compiles one layer, not the whole model; a model naming no block is compiled whole.
     A vision tower's blocks stay eager: their attention splits the patches per image and window at lengths read to the
-    host (`.tolist()`), which the compiler unrolls and specialises on, recompiling for every batch of images."""
+    host (`.tolist()`), which the compiler unrolls and specialises on, recompiling for every batch of images.
+    Under ZeRO-3 only each block's `forward` is compiled: compiling its whole call would trace DeepSpeed's gather and
+    release hooks, which read each module's and parameter's `ds_id`, and the compiler, guarding on those numbers,
+    recompiled for every layer until its limit of 8 and ran the other layers eager (slower than all eager)."""
     eager = {id(m) for m in vision_tower(model).modules()} if vision else set()
     for block in [m for m in repeated_blocks(model) if id(m) not in eager] or [model]:
-        block.compile()
+        if zero3:
+            block.forward = torch.compile(block.forward)
+        else:
+            block.compile()
 
 
 def gather_by_block(model: torch.nn.Module) -> None:

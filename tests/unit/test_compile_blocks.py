@@ -23,6 +23,22 @@ def test_a_vision_language_models_decoder_layers_are_compiled_and_its_vision_blo
     assert compiled == [f"model.language_model.layers.{i}" for i in range(model.config.text_config.num_hidden_layers)]
 
 
+def test_under_zero3_each_layers_forward_is_compiled_once_and_its_hooks_stay_outside(tiny_model_dir):
+    """A hook on a layer, as DeepSpeed's gathers are, reading a number that differs per layer (its `ds_id`): traced
+    with the layer's whole call, the compiler would guard on it and recompile for each layer."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for i, layer in enumerate(model.model.layers):
+        layer.ds_id = i
+        layer.register_forward_pre_hook(lambda module, args: None if module.ds_id >= 0 else args)
+    compile_blocks(model, zero3=True)
+    assert all(m._compiled_call_impl is None for m in model.modules())  # hooks run eager, outside
+    model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_a_model_naming_no_repeated_block_is_compiled_whole():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     compile_blocks(model)
