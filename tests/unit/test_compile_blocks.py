@@ -29,6 +29,7 @@ def test_under_zero3_each_layers_forward_is_compiled_once_and_its_hooks_stay_out
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    graphs_before = counters["stats"]["unique_graphs"]  # the counters outlive reset()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     for i, layer in enumerate(model.model.layers):
         layer.ds_id = i
@@ -36,7 +37,7 @@ def test_under_zero3_each_layers_forward_is_compiled_once_and_its_hooks_stay_out
     compile_blocks(model, zero3=True)
     assert all(m._compiled_call_impl is None for m in model.modules())  # hooks run eager, outside
     model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
 
 
 def test_a_model_naming_no_repeated_block_is_compiled_whole():
