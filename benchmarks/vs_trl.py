@@ -60,18 +60,9 @@ def main() -> None:
                         help="the TRL child's time, at most (oxrl's child keeps at least 200 s of the budget)")
     parser.add_argument("--child", choices=["prepare", "trl", "oxrl"], help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of rl_step.yaml, applied to both sides")
-    args = parser.parse_intermixed_args()
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.steps = args.steps or (SMOKE["steps"] if args.smoke else 4)
+    args = parse_args(parser)
     if args.child:
-        try:
-            {"prepare": child_prepare, "trl": child_trl, "oxrl": child_oxrl}[args.child](args)
-        except BaseException:
-            traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)  # not the interpreter's exit: an in-process vLLM engine can hang it
+        run_child(args, {"prepare": child_prepare, "trl": child_trl, "oxrl": child_oxrl})
         return
 
     start = time.monotonic()
@@ -95,6 +86,26 @@ def main() -> None:
         report["target_1_5x_met"] = None
     (args.out / "vs_trl.json").write_text(json.dumps(report, indent=2))
     print_table(report)
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments (options and overrides in any order), `--out` made absolute and created, `--steps` defaulted."""
+    args = parser.parse_intermixed_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.steps = args.steps or (SMOKE["steps"] if args.smoke else 4)
+    return args
+
+
+def run_child(args, roles: dict) -> None:
+    """This process as the child `args.child`; a failure prints its traceback and exits 1."""
+    try:
+        roles[args.child](args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # not the interpreter's exit: an in-process vLLM engine can hang it
 
 
 def _run_child(role: str, argv: list[str], out: Path, timeout: float, script: Path | None = None, **extra_env: str) -> int:

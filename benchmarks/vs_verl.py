@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from vs_trl import PHASES, SMOKE, _end_group, _load, _run_child, _versions, _wait_for_free_gpu, _write, child_oxrl, \
-    child_prepare, summarize
+from vs_trl import PHASES, _end_group, _load, _run_child, _versions, _wait_for_free_gpu, _write, child_oxrl, \
+    child_prepare, parse_args, run_child, summarize
 
 REWARD_MODULE = '''"""verl's custom_reward_function for a benchmark against oxrl (written by benchmarks/vs_verl.py): oxrl's reward
 {spec!r}, given the oxrl record each parquet row came from."""
@@ -153,12 +153,9 @@ def main() -> None:
     parser.add_argument("--verl-timeout-s", type=float, default=300.0, help="verl's time, at most")
     parser.add_argument("--child", choices=["prepare", "oxrl"], help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of rl_step.yaml, applied to both sides")
-    args = parser.parse_intermixed_args()
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.steps = args.steps or (SMOKE["steps"] if args.smoke else 4)
+    args = parse_args(parser)
     if args.child:
-        {"prepare": child_prepare, "oxrl": child_oxrl}[args.child](args)
+        run_child(args, {"prepare": child_prepare, "oxrl": child_oxrl})
         return
     start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - start)
