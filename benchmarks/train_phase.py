@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from torch.nn import functional as F
 
 from oxrl_core.config import load_rl_config
+from oxrl_core.config.load import load_config
+from oxrl_core.config.schema import RLConfig
 from oxrl_core.loops.rl import _loss_kwargs
 from oxrl_core.placement import ray_cluster
 from oxrl_core.training.group import TrainGroup
@@ -54,12 +55,10 @@ def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
 def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float, steps: int,
                  sequences: int) -> dict:
     """The variant's overrides, then the batch that `sequences` a rank in its micro-batches make."""
-    base = yaml.safe_load(config_path.read_text())
-    micro = next((int(o.partition("=")[2]) for o in overrides if o.startswith("train.micro_batch_size=")),
-                 base["train"]["micro_batch_size"])
-    ranks = base["run"]["train_ranks"]
+    variant = load_config(RLConfig, config_path, overrides)  # unchecked: its batch arithmetic is set below
+    train, ranks = variant.train, variant.run.train_ranks
     config, model_path = load_rl_config(config_path, [*overrides, f"train.batch_size={ranks * sequences}",
-                                                      f"train.grad_accum={sequences // micro}"])
+                                                      f"train.grad_accum={sequences // train.micro_batch_size}"])
     with ray_cluster(config) as reservation:
         return time_group(TrainGroup(config, model_path, config_path.parent / "train-phase-logs", reservation), config,
                           overrides, model_flops, attention_flops, steps, sequences)
