@@ -87,23 +87,26 @@ def main() -> None:
     print(f"8 micro-batches: wall {wall:.3f} s, GPU busy {busy / 1e6:.3f} s ({busy / 1e6 / wall:.1%})", file=report)
     # What the host was running while the GPU waited: the idle time of every gap of 20 us or more summed by the
     # innermost host op open at its middle, then the longest gaps with all the host ops open then, outermost first.
-    host = [e for e in events if e.device_type.name == "CPU"]
-
-    def open_at(a: float, b: float) -> list[str]:
-        middle = (a + b) / 2
-        return [e.name for e in sorted((e for e in host if e.time_range.start <= middle <= e.time_range.end),
-                                       key=lambda e: e.time_range.start)] or ["(no host op)"]
+    host = sorted((e for e in events if e.device_type.name == "CPU"), key=lambda e: e.time_range.start)
+    middles = sorted((a + b) / 2 for a, b in gaps)
+    open_at, active, i = {}, [], 0  # the host ops open at each gap's middle, outermost first, in one sweep
+    for middle in middles:
+        while i < len(host) and host[i].time_range.start <= middle:
+            active.append(host[i])
+            i += 1
+        active = [e for e in active if e.time_range.end >= middle]
+        open_at[middle] = [e.name for e in active] or ["(no host op)"]
 
     by_op = {}
     for a, b in gaps:
         if b - a >= 20:
-            innermost = open_at(a, b)[-1]
+            innermost = open_at[(a + b) / 2][-1]
             by_op[innermost] = by_op.get(innermost, 0.0) + b - a
     print(f"idle gaps of 20 us or more: {sum(by_op.values()) / 1e3:.1f} ms, by the host's innermost op then:", file=report)
     for name, idle in sorted(by_op.items(), key=lambda item: -item[1])[:15]:
         print(f"  {idle / 1e3:8.2f} ms  {name[:110]}", file=report)
     for a, b in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:8]:
-        print(f"  gap {(b - a) / 1e3:.2f} ms: {' > '.join(name[:60] for name in open_at(a, b))}", file=report)
+        print(f"  gap {(b - a) / 1e3:.2f} ms: {' > '.join(name[:60] for name in open_at[(a + b) / 2])}", file=report)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), file=report)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), file=report)
     report.close()

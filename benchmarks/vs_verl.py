@@ -197,8 +197,14 @@ def main() -> None:
 def run_verl(args, overrides: list[str], config, timeout: float) -> tuple[int, dict]:
     """verl's trainer in its own process group (its Ray cluster ends with it); its per-step metrics from its log."""
     _wait_for_free_gpu()
+    # verl 0.9.1 patches TRL's value-head model in every actor it builds whenever TRL can be imported, and fails on
+    # TRL 1.16 (staged for vs_trl.py), which no longer has that model: its processes (Ray's workers inherit the
+    # PYTHONPATH) start without TRL
+    hide_trl = args.out / "verl-without-trl"
+    hide_trl.mkdir(exist_ok=True)
+    (hide_trl / "sitecustomize.py").write_text('import sys\n\nsys.modules["trl"] = None  # verl sees no TRL\n')
     site = [str(args.verl_site)] if args.verl_site else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*site, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide_trl), *site, *filter(None, [os.environ.get("PYTHONPATH")])]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     print(f"== verl (at most {timeout:.0f} s)", flush=True)

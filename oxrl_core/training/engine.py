@@ -140,6 +140,7 @@ class TrainEngine:
                 tower.requires_grad_(False)
         if self.zero3:
             rope_in_float32(model)
+            torch_linear()
         if config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
@@ -183,6 +184,7 @@ class TrainEngine:
             head = LogprobsHead.replace_output_layer(model)
             if self.zero3:
                 rope_in_float32(model)
+                torch_linear()
                 gather_by_block(model)
                 model = deepspeed.initialize(model=model, config=ds_config)[0]
             return model.to(self.engine.device), head
@@ -539,6 +541,18 @@ def rope_in_float32(model: torch.nn.Module) -> None:
             fresh = type(module)(module.config)
             for name, buffer in fresh.named_buffers(recurse=False):
                 setattr(module, name, buffer.to(module.inv_freq.device))
+
+
+def torch_linear() -> None:
+    """Give `torch.nn.functional.linear` back to torch. DeepSpeed's zero.Init, which builds a ZeRO-3 model, replaces it
+    for the whole process with an autograd function whose backward gathers a weight still partitioned then (it reads the
+    weight's `ds_id`). oxrl gathers each repeated block's weights for its backward anyway (gather_by_block), and other
+    modules' by DeepSpeed's hooks. With that function, the compiler of torch 2.11 guarded on each weight's `ds_id` in
+    every compiled layer and recompiled for each layer until its limit of 8, the rest eager (benchmarks/RESULTS.md,
+    "Two GPUs")."""
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as zero_init
+
+    torch.nn.functional.linear = getattr(zero_init, "linear_bk", torch.nn.functional.linear)
 
 
 def _adamw(params, lr: float, weight_decay: float, on_gpu: bool, offloaded: bool) -> torch.optim.Optimizer:

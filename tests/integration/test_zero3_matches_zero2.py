@@ -1,7 +1,7 @@
 """ZeRO-3 as oxrl configures it (each decoder layer one leaf module: training/engine.py:gather_by_block) trains the
 weights ZeRO-2 trains: two SFT steps on 2 DeepSpeed ranks (gloo, CPU, float32), full weights (with the README's
 prefetch setting), LoRA, and full weights with compiled layers (each layer's forward compiled, DeepSpeed's hooks
-outside it)."""
+outside it); with torch's own linear in the layers, where DeepSpeed's zero.Init leaves its own."""
 
 import os
 import subprocess
@@ -41,6 +41,8 @@ for lora, stage, compiled in ((False, 2, False), (False, 3, False), (True, 2, Fa
         "train": {"lr": 1e-2, "batch_size": 8, "micro_batch_size": 2, "grad_accum": 2, "warmup_steps": 0},
         "data": {"train": [{"path": "unused.jsonl"}]}})
     engine = TrainEngine(config, path, rank, 2, ("127.0.0.1", port), out / "logs")
+    # torch's own linear, not the one zero.Init leaves behind (engine.py:torch_linear)
+    assert torch.nn.functional.linear is torch._C._nn.linear, torch.nn.functional.linear
     losses = [engine.train_step(batches, alg="sft", loss_kwargs={"num_tokens": tokens})["loss"] for _ in range(2)]
     weights = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.engine.module.named_parameters() if p.requires_grad}
     results[(lora, stage, compiled)] = (losses, weights)
