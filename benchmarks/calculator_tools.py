@@ -4,8 +4,8 @@ SFT demonstrations (TRL's `messages` + `tools` columns) either call the calculat
 its result, or answer at once, one too high half of those times: imitation learns both ways and wavers between
 them. CISPO then runs whole episodes against the calculator (`rollout.env.name=calculator`, up to 2 policy
 messages: a call, then the answer) with the exact-match `math` reward on the last message, which should favour the
-call. Accuracy is measured with vLLM on every problem with operands 0-9 (200 held out in the sense that RL draws its
-prompts from the same set; sampled at T=1, pass@1 from 8 samples each, and greedy), after SFT and after RL.
+call. Accuracy is measured with vLLM on every problem with operands 0-9 (the 200 that SFT and RL also draw from: the
+task has no others; sampled at T=1, pass@1 from 8 samples each, and greedy), after SFT and after RL.
 
     python benchmarks/calculator_tools.py --seeds 0 1 2   # writes benchmarks/results/<date>.cpu.calculator-tools.json
 
