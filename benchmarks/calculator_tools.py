@@ -13,24 +13,17 @@ task has no others; sampled at T=1, pass@1 from 8 samples each, and greedy), aft
 stay fixed. Results name the CPU they ran on.
 """
 
-import argparse
 import json
-import os
 import random
 import re
-import time
 from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config, load_sl_config
 from oxrl_core.envs.calculator import Calculator
-from oxrl_core.loops.rl import train_rl
-from oxrl_core.loops.sl import train_sl
 from oxrl_core.preprocess.arithmetic import every_arithmetic_problem, write_jsonl
-from vlm_squares import write_report
+from vlm_squares import seed_runs, sft_then_rl
 
-DEMO = Path(__file__).resolve().parents[1] / "oxrl_core"
 TOOL = {"+": "add", "-": "sub"}
 
 
@@ -63,38 +56,19 @@ def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -
              "sft_val": write_jsonl([conversation(p, True, 0) for p in problems], data / "sft_val.jsonl"),
              "rl_train": write_jsonl(rng.choices(problems, k=2000), data / "rl_train.jsonl"),
              "rl_val": write_jsonl(problems, data / "rl_val.jsonl")}
-    start = time.perf_counter()
-    common = [f"run.output_dir={out}", f"train.seed={seed}"]
-    sft_config, model_path = load_sl_config(DEMO / "demo_sft.yaml", common + [
-        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name=sft-seed{seed}",
-        f"train.steps={sft_steps}", "data.max_len=320"])
-    sft = train_sl(sft_config, model_path, resume=False, console=console)
-    rl_config, sft_model = load_rl_config(DEMO / "demo_rl.yaml", common + [
-        f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}",
+    result, history = sft_then_rl(seed, out, files, sft_steps, rl_steps, console, sft=["data.max_len=320"], rl=[
         "rollout.env.name=calculator", "rollout.env.max_turns=2", "rollout.max_tokens=80",
         "rollout.env.max_episode_tokens=128", "rollout.max_prompt_len=192"])
-    rl = train_rl(rl_config, sft_model, resume=False, console=console)
-    history = rl["history"]
-    return {"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft["eval_loss"],
-            "after_sft": rl["eval_before"], "after_rl": rl["eval_after"],
-            "turns_first_last_10_steps": [sum(h["turns"] for h in part) / len(part) for part in (history[:10], history[-10:])],
-            "wall_time_s": time.perf_counter() - start}
+    return result | {"turns_first_last_10_steps": [sum(h["turns"] for h in part) / len(part)
+                                                  for part in (history[:10], history[-10:])]}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--sft-steps", type=int, default=2400)
-    parser.add_argument("--rl-steps", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / "calculator-tools")
-    args = parser.parse_args()
-    console = Console()
-    results = [run(seed, args.out, args.sft_steps, args.rl_steps, console) for seed in args.seeds]
-    write_report("calculator-tools", results, console)
+    results = seed_runs(__doc__, "calculator-tools", run, sft_steps=2400, rl_steps=100)
     for r in results:
-        console.print(f"seed {r['seed']}: policy messages an episode, first 10 steps -> last 10: "
-                      f"{r['turns_first_last_10_steps'][0]:.2f} -> {r['turns_first_last_10_steps'][1]:.2f}")
+        print(f"seed {r['seed']}: policy messages an episode, first 10 steps -> last 10: "
+              f"{r['turns_first_last_10_steps'][0]:.2f} -> {r['turns_first_last_10_steps'][1]:.2f}")
+
 
 if __name__ == "__main__":
     main()

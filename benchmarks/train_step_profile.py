@@ -60,15 +60,8 @@ def main() -> None:
     batches = micro_batches(config)[rank]
     kwargs = _loss_kwargs(config, float(args.ranks * SEQUENCES * RESPONSE), args.ranks * SEQUENCES)
     for step in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for batch, logprobs in zip(batches, engine.token_logprobs(batches)):
-            batch["old_logprobs"] = logprobs
-        torch.cuda.synchronize()
-        middle = time.perf_counter()
-        engine.train_step(batches, alg="cispo", loss_kwargs=kwargs, with_entropy=True)
-        torch.cuda.synchronize()
-        print(f"step {step}: logprobs {middle - start:.3f} s train {time.perf_counter() - middle:.3f} s", file=report, flush=True)
+        logprobs_s, train_s = timed_step(engine, batches, kwargs)
+        print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s", file=report, flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rank == 0 else nullcontext() as prof:
         start = time.perf_counter()
         engine.train_step(batches[:8], alg="cispo", loss_kwargs=kwargs, with_entropy=True)
@@ -110,6 +103,20 @@ def main() -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), file=report)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), file=report)
     report.close()
+
+
+def timed_step(engine: TrainEngine, batches: list[dict], loss_kwargs: dict) -> tuple[float, float]:
+    """One RL step's trainer work on this rank's micro-batches, timed on the device: the old-logprobs pass (which sets
+    each batch's `old_logprobs`), then the CISPO train step; (logprobs seconds, train seconds)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for batch, logprobs in zip(batches, engine.token_logprobs(batches)):
+        batch["old_logprobs"] = logprobs
+    torch.cuda.synchronize()
+    middle = time.perf_counter()
+    engine.train_step(batches, alg="cispo", loss_kwargs=loss_kwargs, with_entropy=True)
+    torch.cuda.synchronize()
+    return middle - start, time.perf_counter() - middle
 
 
 if __name__ == "__main__":

@@ -37,30 +37,47 @@ def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -
              "sft_val": write_jsonl(vlm_sft_records(val, 0.0, seed=seed), data / "sft_val.jsonl"),
              "rl_train": write_jsonl(vlm_prompt_records(random.Random(seed).sample(train, 1000)), data / "rl_train.jsonl"),
              "rl_val": write_jsonl(vlm_prompt_records(val), data / "rl_val.jsonl")}
+    result, _ = sft_then_rl(seed, out, files, sft_steps, rl_steps, console,
+                            sft=["model.name_or_path=oxrl-tiny-vl", "data.max_len=64"], rl=["train.eval_every=0"])
+    return result
+
+
+def sft_then_rl(seed: int, out: Path, files: dict[str, Path], sft_steps: int, rl_steps: int, console: Console,
+                sft: list[str], rl: list[str]) -> tuple[dict, list[dict]]:
+    """SFT from the demo's config on `files`' sft_train/sft_val (with `sft` overrides), then CISPO from its checkpoint
+    on rl_train/rl_val (with `rl`): a seed's report (accuracy after each, wall time) and CISPO's step history."""
     start = time.perf_counter()
-    common = [f"run.output_dir={out}", f"train.seed={seed}", "model.name_or_path=oxrl-tiny-vl"]
+    common = [f"run.output_dir={out}", f"train.seed={seed}"]
     sft_config, model_path = load_sl_config(DEMO / "demo_sft.yaml", common + [
         f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name=sft-seed{seed}",
-        f"train.steps={sft_steps}", "data.max_len=64"])
-    sft = train_sl(sft_config, model_path, resume=False, console=console)
+        f"train.steps={sft_steps}", *sft])
+    sft_run = train_sl(sft_config, model_path, resume=False, console=console)
     rl_config, sft_model = load_rl_config(DEMO / "demo_rl.yaml", common + [
-        f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}", "train.eval_every=0"])
-    rl = train_rl(rl_config, sft_model, resume=False, console=console)
-    return {"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft["eval_loss"],
-            "after_sft": rl["eval_before"], "after_rl": rl["eval_after"], "wall_time_s": time.perf_counter() - start}
+        f"model.name_or_path={sft_run['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
+        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}", *rl])
+    rl_run = train_rl(rl_config, sft_model, resume=False, console=console)
+    return ({"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft_run["eval_loss"],
+             "after_sft": rl_run["eval_before"], "after_rl": rl_run["eval_after"],
+             "wall_time_s": time.perf_counter() - start}, rl_run["history"])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    seed_runs(__doc__, "vlm-squares", run, sft_steps=400, rl_steps=150)
+
+
+def seed_runs(doc: str, task: str, run, sft_steps: int, rl_steps: int) -> list[dict]:
+    """A CPU task's command line (--seeds, --sft-steps, --rl-steps, --out), `run(seed, out, sft_steps, rl_steps,
+    console)` for each seed, then the report (write_report)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--sft-steps", type=int, default=400)
-    parser.add_argument("--rl-steps", type=int, default=150)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / "vlm-squares")
+    parser.add_argument("--sft-steps", type=int, default=sft_steps)
+    parser.add_argument("--rl-steps", type=int, default=rl_steps)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / task)
     args = parser.parse_args()
     console = Console()
     results = [run(seed, args.out, args.sft_steps, args.rl_steps, console) for seed in args.seeds]
-    write_report("vlm-squares", results, console)
+    write_report(task, results, console)
+    return results
 
 
 def write_report(task: str, results: list[dict], console: Console) -> Path:
@@ -76,6 +93,7 @@ def write_report(task: str, results: list[dict], console: Console) -> Path:
                       f"{r['wall_time_s']:.0f} s")
     console.print(f"written: {path}")
     return path
+
 
 if __name__ == "__main__":
     main()

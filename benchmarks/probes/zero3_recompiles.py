@@ -13,7 +13,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +27,7 @@ from oxrl_core.placement.groups import free_port
 from oxrl_core.training.engine import TrainEngine
 from rl_step import prepare
 from train_phase import RESPONSE, micro_batches
+from train_step_profile import timed_step
 
 OVERRIDES = ["deepspeed.zero_stage=3", "model.compile=true"]
 
@@ -60,17 +60,9 @@ def main() -> None:
     kwargs = _loss_kwargs(config, float(2 * args.sequences * RESPONSE), 2 * args.sequences)
     report = open(args.out / f"report{args.rank}.txt", "w")
     for step in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for batch, logprobs in zip(batches, engine.token_logprobs(batches)):
-            batch["old_logprobs"] = logprobs
-        torch.cuda.synchronize()
-        middle = time.perf_counter()
-        engine.train_step(batches, alg="cispo", loss_kwargs=kwargs, with_entropy=True)
-        torch.cuda.synchronize()
+        logprobs_s, train_s = timed_step(engine, batches, kwargs)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        print(f"step {step}: logprobs {middle - start:.3f} s train {time.perf_counter() - middle:.3f} s graphs {graphs}",
-              file=report, flush=True)
+        print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s graphs {graphs}", file=report, flush=True)
     os._exit(0)  # not the interpreter's exit: DeepSpeed's process group may hang it
 
 
