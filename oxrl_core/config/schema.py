@@ -35,7 +35,7 @@ class ModelSection(Section):
     compile: Literal["auto"] | bool = Field(
         "auto", description="Compile the training model's decoder layers with torch.compile (inductor): faster steps after "
                             "a one-off compile of one layer (and again once the micro-batches' shape first changes); "
-                            "`auto` is on for GPUs except under ZeRO-3 (where it was measured slower), off on CPU.")
+                            "`auto` is on for GPUs, off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
     freeze_vision: bool = Field(True, description="Vision-language models: keep the vision encoder (and its merger) frozen; "
                                                   "false trains it too (full weights only: LoRA adapts the language model).")

@@ -70,12 +70,11 @@ def needs_reference_model(config: SLConfig | RLConfig) -> bool:
 
 
 def compiles_layers(config: SLConfig | RLConfig, on_gpu: bool) -> bool:
-    """`model.compile`; `auto` where it was measured to pay: on GPUs, not under ZeRO-3. There the layers compiled whole
-    (DeepSpeed's hooks traced, recompiling per layer) ran the train pass 1.35x slower than eager on 2 H200s
-    (benchmarks/RESULTS.md, "Two GPUs"); compile_blocks now compiles only their forward under ZeRO-3, which is not
-    measured on GPUs yet."""
+    """`model.compile`; `auto` where it was measured to pay: on GPUs, ZeRO-3 included (one graph per pass once
+    torch's linear is back in place, `torch_linear`: the train pass 1.2x faster than eager on 2 H200s,
+    benchmarks/RESULTS.md, "Two GPUs")."""
     if config.model.compile == "auto":
-        return on_gpu and config.deepspeed.zero_stage != 3
+        return on_gpu
     return config.model.compile
 
 
