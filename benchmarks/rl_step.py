@@ -16,7 +16,13 @@ Ray gives the loop's engine actor (OMP_NUM_THREADS=1 for an actor of under one C
 the faster is the reference. After the loop, standalone vLLM with one thread once more (has the host slowed?), and
 for each of the loop's rollout phases the processes that used the CPU and the GPU's clock meanwhile.
 
-    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b|vl-3b] [--gpus N] [--tensor-parallel K] [KEY=VALUE ...]
+`--turns N` (0.5B shape) makes each sample an episode of up to N policy messages against the guess-the-number
+environment, about as many policy tokens as one 512-token response in all: the model's end-of-turn token is made
+likely enough that a message ends after about 512 / N tokens (`end_turns_after`; random weights would never end
+one), each message at most 512 tokens. Its figures, policy tokens generated per second above all, compare with the
+single-turn run's.
+
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b|vl-3b] [--gpus N] [--tensor-parallel K] [--turns N] [KEY=VALUE ...]
     # overrides as for `oxrl train rl`; split on 8 GPUs (4096 samples = 4 ranks x 32 sequences x 32), e.g.:
     python benchmarks/rl_step.py --out results/ --gpus 8 --no-standalone rollout.placement=split
         run.train_ranks=4 rollout.engines=4 train.grad_accum=32
@@ -38,6 +44,7 @@ import yaml
 from rich.console import Console
 
 from oxrl_core.config import load_rl_config
+from oxrl_core.data.records import prompt_messages
 from oxrl_core.loops.rl import train_rl
 from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
 
@@ -106,9 +113,10 @@ def build_model(folder: Path, shape: dict) -> Path:
     return folder
 
 
-def write_prompts(model: Path, path: Path, count: int, vision: bool = False) -> Path:
+def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_text: bool = False) -> Path:
     """`count` records whose chat-templated prompt is exactly PROMPT_TOKENS tokens long; with `vision`, each also
-    holds one IMAGE_SIDE-square image of seeded noise (its IMAGE_TOKENS tokens come on top)."""
+    holds one IMAGE_SIDE-square image of seeded noise (its IMAGE_TOKENS tokens come on top); with `as_text`, the prompt
+    is the user message's text (as an environment's episode opens)."""
     from PIL import Image
     from transformers import AutoTokenizer
 
@@ -125,7 +133,7 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False) -> 
         while length(text) > PROMPT_TOKENS:
             text = text[:-1]
         texts.append(text)
-        record = {"prompt": [{"role": "user", "content": content(text)}], "answer": str(2 * i)}
+        record = {"prompt": text if as_text else [{"role": "user", "content": content(text)}], "answer": str(2 * i)}
         if vision:
             image = path.parent / "images" / f"{i}.png"
             image.parent.mkdir(exist_ok=True)
@@ -208,6 +216,53 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
     return windows
 
 
+def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
+    """A copy of the random model `folder` whose messages end after about `mean_tokens` tokens. A random model's final
+    hidden states share one direction (|mean| about 27 of |h| about 30 at the 0.5B shape), so the output row of the
+    end-of-turn token (<|im_end|>) is set along it, scaled for a mean probability of 1 / `mean_tokens` a token over
+    contexts like a rollout's (a prompt, then near-uniform tokens, which is what a random model samples): nearly the
+    same at every position of every message. (Scaling the token's own row instead left the chance to end a message
+    differing 30-fold between messages, and a third of them ran to 512 tokens.) The 0.5B shape ties the row to the
+    token's input embedding, which then stays smaller than the others."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = folder.parent / f"{folder.name}-turns-of-{mean_tokens}"
+    if (out / "config.json").is_file():
+        return out
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    record = json.loads(prompts.read_text().splitlines()[0])
+    prompt = tokenizer.apply_chat_template(prompt_messages(record), add_generation_prompt=True)["input_ids"]
+    sampled = torch.randint(0, model.config.vocab_size, (8, 4 * mean_tokens), generator=torch.Generator().manual_seed(0))
+    contexts = torch.cat([torch.tensor([prompt] * 8), sampled], dim=1).to(device)  # [8, P + 4 mean_tokens]
+    with torch.no_grad():
+        # the states that pick each sampled token, the first one's (the prompt's last) included
+        hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1:].flatten(0, 1).float()  # [N, d]
+        direction = hidden.mean(0) / hidden.mean(0).norm()  # [d]
+        along = hidden @ direction  # [N]
+        weight = model.lm_head.weight.float()  # [V, d]
+        rest = []  # the logsumexp of every other token's logit: [N]
+        for chunk in hidden.split(1024):
+            logits = chunk @ weight.T  # [n, V]
+            logits[:, end] = -torch.inf
+            rest.append(logits.logsumexp(-1))
+        rest = torch.cat(rest)
+        mean_probability = lambda norm: torch.sigmoid(norm * along - rest).mean().item()
+        low, high = 1e-3, 10.0  # the row's norm; the mean probability grows with it
+        for _ in range(60):
+            norm = (low + high) / 2
+            low, high = (norm, high) if mean_probability(norm) < 1 / mean_tokens else (low, norm)
+        model.lm_head.weight[end] = (norm * direction).to(model.lm_head.weight.dtype)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    print(f"end-of-turn row: norm {norm:.3f}, mean probability {mean_probability(norm):.5f} a token", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
 def standalone_generate(model: Path, prompts: Path, config, threads: int | None) -> dict:
     """The rollout engine alone, in this process (with `threads` torch threads, else torch's default), on one GPU's
     share of the prompts (the first PROMPTS, read by the loop's own loader: the same ids and images) and the same
@@ -234,7 +289,7 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1) -> tuple[Path, Path, Path]:
+def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1, turns: int = 1) -> tuple[Path, Path, Path]:
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
     trainer rank and a worker of an engine of `tensor_parallel` GPUs (colocated). ZeRO-1 (one GPU's training phase is
     bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
@@ -244,10 +299,17 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
 
     The vision shape trains its 3.1B language-model weights (the vision tower frozen, oxrl's default) as a user of an
     80 GB GPU would: ZeRO-2 (on one GPU as ZeRO-1; on several, the float32 states sharded), recomputed activations
-    and micro-batches of 16 (a VLM runs padded), and vLLM with 0.35 of the memory for all 512 sequences' KV cache."""
+    and micro-batches of 16 (a VLM runs padded), and vLLM with 0.35 of the memory for all 512 sequences' KV cache.
+
+    With `turns` above 1, each sample is an episode against the guess-the-number environment (its reward scores it)
+    of at most `turns` messages of at most NEW_TOKENS tokens each, from `end_turns_after`'s model."""
     vision = shape in QWEN25_VL_SHAPES
     model = build_model(out / f"qwen2.5-{shape}-shape", (QWEN25_SHAPES | QWEN25_VL_SHAPES)[shape])
-    prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision)
+    prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision, as_text=turns > 1)
+    if turns > 1:
+        model = end_turns_after(model, prompts, NEW_TOKENS // turns)
+    # the environment's answers and the template between messages: a few dozen tokens a turn
+    episodes = {"env": {"name": "guess-number", "max_turns": turns, "max_episode_tokens": turns * (NEW_TOKENS + 32)}}
     micro_batch = 16 if vision else 32
     config_path = out / "rl_step.yaml"
     config_path.write_text(yaml.safe_dump({
@@ -257,8 +319,8 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
                   "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS,
                     "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
-                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel},
-        "reward": {"func": "math"},
+                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel} | (episodes if turns > 1 else {}),
+        "reward": {"func": "env" if turns > 1 else "math"},
         "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
         "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},
     }))
@@ -295,9 +357,13 @@ def main() -> None:
                         "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
     parser.add_argument("--no-standalone", action="store_true", help="skip the standalone engine's reference runs "
                         "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself")
+    parser.add_argument("--turns", type=int, default=1, help="policy messages per episode at most (0.5B shape): each "
+                        "sample an episode against an environment, no standalone reference")
     args = parser.parse_args()
+    if args.turns > 1 and args.shape != "0.5b":
+        raise SystemExit(f"--turns {args.turns}: episodes run on the 0.5B shape only, not --shape {args.shape}")
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel)
+    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"),
                                                       f"run.save_final={args.save}", *args.overrides])
     rollout, ranks = config.rollout, config.run.train_ranks
@@ -318,7 +384,7 @@ def main() -> None:
         return result
 
     # the standalone engine generates one GPU's share of the prompts: a colocated engine's
-    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone and not split
+    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone and not split and args.turns == 1
     standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
@@ -331,6 +397,9 @@ def main() -> None:
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     measured = history[1:] or history  # the first step compiles and allocates
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
+    # the tokens the policy sampled (an episode's response also holds the environment's), per second of generation
+    policy_tokens = [h.get("policy_tokens", h["response_length"]) * config.train.batch_size / h["time_generate_s"] for h in measured]
+    step["generate_policy_tokens_per_s"] = statistics.median(policy_tokens)
     result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
               "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
@@ -373,7 +442,7 @@ def main() -> None:
     if reference:  # the standalone engine has one GPU's share of the prompts
         result |= {"rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
                    "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"]}
-    if args.shape == "0.5b" and gpus == 1 and not args.overrides:  # issue 16's targets, for the default config only
+    if args.shape == "0.5b" and gpus == 1 and not args.overrides and args.turns == 1:  # issue 16's targets, default config only
         result["targets_met"] = {
             "training_phase_mfu >= 0.40": result["training_phase_mfu"] >= 0.40,
             "rollout_vs_standalone >= 0.95": result["rollout_vs_standalone"] >= 0.95 if reference else None,
@@ -383,7 +452,7 @@ def main() -> None:
     console = Console()
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
-    for key in ("step_s", "generate_tokens_per_s", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
+    for key in ("step_s", "generate_tokens_per_s", "generate_policy_tokens_per_s", "turns", "policy_tokens", "response_length", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
                 "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "step_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
         value = result.get(key)
         value = float("nan") if value is None else value
