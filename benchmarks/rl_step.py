@@ -217,13 +217,14 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
 
 
 def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
-    """A copy of the random model `folder` whose messages end after about `mean_tokens` tokens. A random model's final
-    hidden states share one direction (|mean| about 27 of |h| about 30 at the 0.5B shape), so the output row of the
-    end-of-turn token (<|im_end|>) is set along it, scaled for a mean probability of 1 / `mean_tokens` a token over
-    contexts like a rollout's (a prompt, then near-uniform tokens, which is what a random model samples): nearly the
-    same at every position of every message. (Scaling the token's own row instead left the chance to end a message
-    differing 30-fold between messages, and a third of them ran to 512 tokens.) The 0.5B shape ties the row to the
-    token's input embedding, which then stays smaller than the others."""
+    """A copy of the random model `folder` that ends a message after `mean_tokens` tokens on average, after any prompt
+    (random weights never end one). Its last layer's value bias adds one large constant vector to every position's
+    residual stream (attention's weights sum to 1, so the bias passes through whole), so that every final hidden
+    state points nearly the same way (cosine > 0.999) and the model samples every token from nearly the same
+    distribution; the end-of-turn token's (<|im_end|>) output row is set along that direction, scaled for a
+    probability of 1 / `mean_tokens`: message lengths are geometric. What a step computes is unchanged. (Random
+    weights as they are: the chance to end a message differed 13-fold between two of the benchmark's prompts, and
+    half the messages ran to 512 tokens.) The 0.5B shape ties the row to the token's input embedding."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = folder.parent / f"{folder.name}-turns-of-{mean_tokens}"
@@ -233,31 +234,35 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    record = json.loads(prompts.read_text().splitlines()[0])
-    prompt = tokenizer.apply_chat_template(prompt_messages(record), add_generation_prompt=True)["input_ids"]
-    sampled = torch.randint(0, model.config.vocab_size, (8, 4 * mean_tokens), generator=torch.Generator().manual_seed(0))
-    contexts = torch.cat([torch.tensor([prompt] * 8), sampled], dim=1).to(device)  # [8, P + 4 mean_tokens]
+    prompt = tokenizer.apply_chat_template(prompt_messages(json.loads(prompts.read_text().splitlines()[0])),
+                                           add_generation_prompt=True)["input_ids"]
+    sampled = torch.randint(0, model.config.vocab_size, (8, mean_tokens), generator=torch.Generator().manual_seed(0))
+    contexts = torch.cat([torch.tensor([prompt] * 8), sampled], dim=1).to(device)  # [8, P + mean_tokens]
+    attention = model.model.layers[-1].self_attn
+    kv_heads, head_dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
     with torch.no_grad():
-        # the states that pick each sampled token, the first one's (the prompt's last) included
-        hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1:].flatten(0, 1).float()  # [N, d]
-        direction = hidden.mean(0) / hidden.mean(0).norm()  # [d]
-        along = hidden @ direction  # [N]
+        # one random direction per key-value head, grown until the constant vector it adds sets every state's direction
+        bias = torch.randn(kv_heads * head_dim, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+        for scale in (1, 10, 100, 1000, 10_000):
+            attention.v_proj.bias.copy_(bias * scale)
+            hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1:].flatten(0, 1).float()  # [N, d]
+            direction = hidden.mean(0) / hidden.mean(0).norm()  # [d]
+            if (hidden @ direction / hidden.norm(dim=-1)).min() > 0.999:
+                break
+        else:
+            raise SystemExit("end_turns_after: the final hidden states did not align")
         weight = model.lm_head.weight.float()  # [V, d]
-        rest = []  # the logsumexp of every other token's logit: [N]
-        for chunk in hidden.split(1024):
-            logits = chunk @ weight.T  # [n, V]
-            logits[:, end] = -torch.inf
-            rest.append(logits.logsumexp(-1))
-        rest = torch.cat(rest)
-        mean_probability = lambda norm: torch.sigmoid(norm * along - rest).mean().item()
-        low, high = 1e-3, 10.0  # the row's norm; the mean probability grows with it
-        for _ in range(60):
-            norm = (low + high) / 2
-            low, high = (norm, high) if mean_probability(norm) < 1 / mean_tokens else (low, norm)
+        logits = hidden @ weight.T  # [N, V]
+        logits[:, end] = -torch.inf
+        rest, along = logits.logsumexp(-1), hidden @ direction  # [N] each
+        # the row's norm for which the end token's probability, averaged over positions, is 1 / mean_tokens
+        norm = ((math.log(1 / (mean_tokens - 1)) + rest) / along).mean().item()
         model.lm_head.weight[end] = (norm * direction).to(model.lm_head.weight.dtype)
+        ending = torch.sigmoid(norm * along - rest)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    print(f"end-of-turn row: norm {norm:.3f}, mean probability {mean_probability(norm):.5f} a token", flush=True)
+    print(f"end-of-turn row: value bias x {scale}, norm {norm:.3f}; the end token's probability a token "
+          f"{ending.mean():.5f} (from {ending.min():.5f} to {ending.max():.5f})", flush=True)
     del model
     torch.cuda.empty_cache()
     return out
