@@ -238,13 +238,12 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
                                            add_generation_prompt=True)["input_ids"]
     sampled = torch.randint(0, model.config.vocab_size, (8, mean_tokens), generator=torch.Generator().manual_seed(0))
     contexts = torch.cat([torch.tensor([prompt] * 8), sampled], dim=1).to(device)  # [8, P + mean_tokens]
-    attention = model.model.layers[-1].self_attn
-    kv_heads, head_dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
+    value_bias = model.model.layers[-1].self_attn.v_proj.bias  # [key-value heads x head size]
     with torch.no_grad():
-        # one random direction per key-value head, grown until the constant vector it adds sets every state's direction
-        bias = torch.randn(kv_heads * head_dim, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+        # a random direction, grown until the constant vector it adds sets every final state's direction
+        bias = torch.randn(value_bias.shape, generator=torch.Generator().manual_seed(1)).to(device, value_bias.dtype)
         for scale in (1, 10, 100, 1000, 10_000):
-            attention.v_proj.bias.copy_(bias * scale)
+            value_bias.copy_(bias * scale)
             hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1:].flatten(0, 1).float()  # [N, d]
             direction = hidden.mean(0) / hidden.mean(0).norm()  # [d]
             if (hidden @ direction / hidden.norm(dim=-1)).min() > 0.999:
@@ -311,10 +310,12 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     vision = shape in QWEN25_VL_SHAPES
     model = build_model(out / f"qwen2.5-{shape}-shape", (QWEN25_SHAPES | QWEN25_VL_SHAPES)[shape])
     prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision, as_text=turns > 1)
+    episodes, reward = {}, "math"
     if turns > 1:
         model = end_turns_after(model, prompts, NEW_TOKENS // turns)
-    # the environment's answers and the template between messages: a few dozen tokens a turn
-    episodes = {"env": {"name": "guess-number", "max_turns": turns, "max_episode_tokens": turns * (NEW_TOKENS + 32)}}
+        # the environment's answers and the template between messages: a few dozen tokens a turn
+        episodes = {"env": {"name": "guess-number", "max_turns": turns, "max_episode_tokens": turns * (NEW_TOKENS + 32)}}
+        reward = "env"
     micro_batch = 16 if vision else 32
     config_path = out / "rl_step.yaml"
     config_path.write_text(yaml.safe_dump({
@@ -324,8 +325,8 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
                   "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS,
                     "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
-                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel} | (episodes if turns > 1 else {}),
-        "reward": {"func": "env" if turns > 1 else "math"},
+                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel} | episodes,
+        "reward": {"func": reward},
         "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
         "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},
     }))
