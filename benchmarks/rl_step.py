@@ -325,7 +325,9 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
                   "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
         "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS,
                     "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
-                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel} | episodes,
+                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel,
+                    # `auto` would split a 1-GPU run over two GPUs on a larger host
+                    "placement": "colocated"} | episodes,
         "reward": {"func": reward},
         "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
         "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},

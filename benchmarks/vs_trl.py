@@ -362,7 +362,8 @@ def child_oxrl(args) -> None:
     on_gpu = torch.cuda.is_available()
     config, model_path = _config(args, "run.name=vs-trl-" + time.strftime("%H%M%S"))
     steps: list[dict] = []
-    result = {"side": "oxrl", "versions": _versions(), "device": _device(), "overrides": args.overrides, "per_step": steps}
+    result = {"side": "oxrl", "gpus": getattr(args, "gpus", 1), "versions": _versions(), "device": _device(),
+              "overrides": args.overrides, "per_step": steps}
     marks = [None]
     phase_metrics = rl_loop._phase_metrics
 

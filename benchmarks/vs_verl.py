@@ -13,7 +13,7 @@ and verl's inputs; (2) verl for `--steps` steps; (3) oxrl's `train_rl` on `rl_st
 median over the steps after the first of each phase (verl's `timing_s/gen`, `reward`, `old_log_prob`,
 `update_actor`, `update_weights`, `step`), generated and trained tokens/s, peak GPU memory, and the ratio.
 
-    python benchmarks/vs_verl.py --out DIR [--gpus N] [--steps 4] [--verl-site DIR] [KEY=VALUE ...]
+    python benchmarks/vs_verl.py --out DIR [--gpus N] [--steps 4] [--verl-site DIR] [--side both|verl|oxrl] [KEY=VALUE ...]
     python benchmarks/vs_verl.py --smoke --out DIR   # CPU, no verl needed: verl's inputs written from the tiny model
 
 `--verl-site`: a folder holding verl and the packages it needs beside the host's torch and vLLM (`pip install
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from vs_trl import PHASES, _end_group, _load, _run_child, _versions, _wait_for_free_gpu, _write, child_oxrl, \
+from vs_trl import PHASES, _device, _end_group, _load, _run_child, _versions, _wait_for_free_gpu, _write, child_oxrl, \
     child_prepare, parse_args, run_child, summarize
 
 REWARD_MODULE = '''"""verl's custom_reward_function for a benchmark against oxrl (written by benchmarks/vs_verl.py): oxrl's reward
@@ -100,7 +100,9 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
         f"actor_rollout_ref.actor.clip_ratio_low={train.clip_low}", f"actor_rollout_ref.actor.clip_ratio_high={train.clip_high}",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={train.logprobs_micro_batch_size or 4 * train.micro_batch_size}",
+        # verl holds a micro-batch's float32 logits whole (oxrl's fused head never does): at oxrl's 4 x 32 sequences of
+        # 640 tokens one copy is 46 GiB, out of memory on an H200, so its log-prob pass takes the training micro-batch
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={train.micro_batch_size}",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={rollout.n_samples}", f"actor_rollout_ref.rollout.temperature={rollout.temperature}",
         f"actor_rollout_ref.rollout.top_p={rollout.top_p}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -150,7 +152,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU: prepare the tiny model's work and write verl's inputs")
     parser.add_argument("--verl-site", type=Path, help="verl's own package folder, first on its PYTHONPATH")
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for all the steps")
-    parser.add_argument("--verl-timeout-s", type=float, default=300.0, help="verl's time, at most")
+    parser.add_argument("--verl-timeout-s", type=float, default=420.0, help="verl's time, at most")
+    parser.add_argument("--side", choices=["both", "verl", "oxrl"], default="both",
+                        help="run one side only (verl starts in about 5 minutes on an H200, so both sides of 3 steps "
+                             "outgrow a 10-minute call); the report takes the other side's results, from an earlier "
+                             "call with the same --out and --gpus, if there are any")
     parser.add_argument("--child", choices=["prepare", "oxrl"], help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of rl_step.yaml, applied to both sides")
     args = parse_args(parser)
@@ -180,9 +186,16 @@ def main() -> None:
     print(f"verl's inputs: {paths['train']}, {paths['reward']}; its overrides: {args.out / 'verl_overrides.txt'}")
     if args.smoke:
         return
-    rc["verl"], verl = run_verl(args, overrides, config, min(args.verl_timeout_s, left() - 200))
-    rc["oxrl"] = _run_child("oxrl", passthrough, args.out, left(), script=script)
-    oxrl = _load(args.out / "oxrl.json") or {}
+    ran = {"both": ("verl", "oxrl"), "verl": ("verl",), "oxrl": ("oxrl",)}[args.side]
+    for side in ran:
+        (args.out / f"{side}.json").unlink(missing_ok=True)
+    if "verl" in ran:
+        rc["verl"] = run_verl(args, overrides, config, min(args.verl_timeout_s, left() - 200 * ("oxrl" in ran)))
+    if "oxrl" in ran:
+        rc["oxrl"] = _run_child("oxrl", passthrough, args.out, left(), script=script)
+    # a side not run now: an earlier call's, of the same GPU count
+    verl, oxrl = [result if (result := _load(args.out / f"{side}.json") or {}).get("gpus") == args.gpus else {}
+                  for side in ("verl", "oxrl")]
     ratio = {key: oxrl[key] / verl[key] if isinstance(oxrl.get(key), float) and verl.get(key) else None
              for key in ("step_s", *(f"time_{p}_s" for p in PHASES), "generate_tokens_per_s", "train_tokens_per_s")}
     speedup = verl["step_s"] / oxrl["step_s"] if verl.get("step_s") and oxrl.get("step_s") else None
@@ -194,8 +207,9 @@ def main() -> None:
     print(f"speed-up, verl step / oxrl step: {speedup}")
 
 
-def run_verl(args, overrides: list[str], config, timeout: float) -> tuple[int, dict]:
-    """verl's trainer in its own process group (its Ray cluster ends with it); its per-step metrics from its log."""
+def run_verl(args, overrides: list[str], config, timeout: float) -> int:
+    """verl's trainer in its own process group (its Ray cluster ends with it); its per-step metrics from its log, to
+    verl.json; its return code."""
     _wait_for_free_gpu()
     # verl 0.9.1 patches TRL's value-head model in every actor it builds whenever TRL can be imported, and fails on
     # TRL 1.16 (staged for vs_trl.py), which no longer has that model: its processes (Ray's workers inherit the
@@ -227,13 +241,13 @@ def run_verl(args, overrides: list[str], config, timeout: float) -> tuple[int, d
     versions = _versions()
     try:
         versions["verl"] = importlib.metadata.version("verl") if not args.verl_site else \
-            next(args.verl_site.glob("verl-*.dist-info")).name.split("-")[1]
+            next(args.verl_site.glob("verl-*.dist-info")).name.removesuffix(".dist-info").split("-")[1]
     except (importlib.metadata.PackageNotFoundError, StopIteration):
         versions["verl"] = None
-    verl = {"side": "verl", "versions": versions, "per_step": steps, **summarize(steps),
+    verl = {"side": "verl", "gpus": args.gpus, "versions": versions, "device": _device(), "per_step": steps, **summarize(steps),
             "peak_gpu_memory_gb": max((s["peak_memory_gb"] or 0.0 for s in steps), default=None)}
     _write(args.out / "verl.json", verl)
-    return rc, verl
+    return rc
 
 
 if __name__ == "__main__":
