@@ -16,8 +16,10 @@
 #                                                  # product's epilogue, against today's (benchmarks/probes/head_epilogue_probe.py)
 #   bash benchmarks/h100.sh attention              # a packed micro-batch's attention, today's against SDPA's backends
 #                                                  # on the padded sequences (benchmarks/probes/attention_probe.py)
-#   bash benchmarks/h100.sh vs-verl [--gpus N] [--steps N] [KEY=VALUE ...]  # verl's GRPO trainer then oxrl's step on
-#                                                  # rl_step.py's work (benchmarks/vs_verl.py); VERL_SITE: verl's packages
+#   bash benchmarks/h100.sh vs-verl [--gpus N] [--steps N] [--side verl|oxrl] [KEY=VALUE ...]  # verl's GRPO trainer
+#                                                  # then oxrl's step on rl_step.py's work (benchmarks/vs_verl.py);
+#                                                  # VERL_SITE: verl's packages; --side: one side a call, as 3 steps
+#                                                  # of both outgrow a 10-minute call
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/probes/cuda_graph_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
