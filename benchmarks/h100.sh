@@ -50,9 +50,12 @@ if [ "$stage" = scale ]; then
 fi
 if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"
+  rm -f "$WORK/rl_step.json"
   timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
-  echo "rc=$?"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
-  cp "$WORK"/logs/rank0.log "$WORK"/logs/engine0.log "$OUT/" 2>/dev/null
+  rc=$?; echo "rc=$rc"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
+  # a run cut short keeps its logs in its own folder
+  logs="$WORK/logs"; [ "$rc" = 0 ] || logs=$(ls -td "$WORK"/runs/*/logs 2>/dev/null | head -n 1)
+  cp "$logs"/rank0.log "$logs"/engine0.log "$OUT/" 2>/dev/null
   exit 0
 fi
 
