@@ -19,14 +19,17 @@ import logging
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
+
+import psutil
 
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 
 PLACEMENT_TIMEOUT_S = 120
+SHUTDOWN_GRACE_S = 10  # for the cluster's processes to exit after ray.shutdown, before they are killed
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ def ray_cluster(config: SLConfig | RLConfig | None = None):
     placement = None
     if config is not None and not os.environ.get("RAY_ADDRESS"):
         placement = decide(config, local_gpus())
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     try:
         start_ray(max(os.cpu_count() or 1, placement.bundles) if placement else None)
         if config is not None and placement is None:
@@ -160,4 +164,13 @@ def ray_cluster(config: SLConfig | RLConfig | None = None):
 
         yield Reservation(placement, ActorWatch(config.run.hang_timeout_s)) if placement else None
     finally:
+        # A cluster of its own: its processes (Ray's, the actors', their engines' workers) are this one's descendants.
+        # ray.shutdown only tells them to go; one busy with a signal of its own (Ctrl-C reaches every process) may
+        # still run after this process has exited, holding its memory.
+        spawned = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
         ray.shutdown()
+        _, lingering = psutil.wait_procs(spawned, timeout=SHUTDOWN_GRACE_S)
+        for process in lingering:
+            with suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(lingering, timeout=SHUTDOWN_GRACE_S)

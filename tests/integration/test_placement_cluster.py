@@ -1,6 +1,7 @@
 """Placement on real Ray clusters: GPUs declared to Ray (no CUDA needed to place), and two Ray nodes on this machine
 joined through RAY_ADDRESS as a user's cluster would be."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -185,3 +186,27 @@ def test_the_doctor_compares_the_nodes_versions(two_node_cluster, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
     check = probes.ray_check(probes.Probe("ray_start", [], timeout=120).result())
     assert check.status == "ok" and "2 node(s) with the same versions" in check.finding, check.finding
+
+
+@pytest.mark.own_ray_cluster  # the cluster `ray_cluster` starts itself: everything it spawned must end with it
+def test_a_process_of_the_runs_cluster_that_ignores_the_shutdown_is_killed_before_ray_cluster_returns(monkeypatch):
+    """A process of the run that Ray's shutdown misses (as an engine's did once after a Ctrl-C, which reaches every
+    process): here an actor's child that ignores SIGTERM and SIGINT, with Ray's own killing of actors' children off."""
+    import psutil
+
+    from oxrl_core.placement import ray_cluster
+
+    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit", "0")
+    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "0")
+
+    @ray.remote
+    class Engine:
+        def start_worker(self) -> int:
+            ignore = "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)]; time.sleep(600)"
+            return subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True).pid
+
+    with ray_cluster():
+        worker = ray.get(Engine.remote().start_worker.remote())
+        assert psutil.Process(worker).status() != psutil.STATUS_ZOMBIE
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(worker).status() == psutil.STATUS_ZOMBIE  # killed, its parent gone, not yet reaped
