@@ -186,7 +186,7 @@ def main() -> None:
     print(f"verl's inputs: {paths['train']}, {paths['reward']}; its overrides: {args.out / 'verl_overrides.txt'}")
     if args.smoke:
         return
-    ran = {"both": ("verl", "oxrl"), "verl": ("verl",), "oxrl": ("oxrl",)}[args.side]
+    ran = ("verl", "oxrl") if args.side == "both" else (args.side,)
     for side in ran:
         (args.out / f"{side}.json").unlink(missing_ok=True)
     if "verl" in ran:
