@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from vs_trl import PHASES, _device, _end_group, _load, _run_child, _versions, _wait_for_free_gpu, _write, child_oxrl, \
+from vs_trl import PHASES, _device, _end_group, _load, _run_child, _wait_for_free_gpu, _write, child_oxrl, \
     child_prepare, parse_args, run_child, summarize
 
 REWARD_MODULE = '''"""verl's custom_reward_function for a benchmark against oxrl (written by benchmarks/vs_verl.py): oxrl's reward
@@ -90,6 +90,10 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
         f"actor_rollout_ref.model.path={config.model.name_or_path}",
         # flash-attn is not in the stack: padded batches through SDPA (oxrl packs its micro-batches: varlen)
         "actor_rollout_ref.model.use_remove_padding=False", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        # and without flash-attn's cross-entropy kernel verl takes log-probs from the logits one token at a time
+        # (logprobs_from_logits_v2: 20,000 kernel launches a micro-batch; 2% MFU on an H200): its own fused kernels
+        # take them from the hidden states and the head in chunks instead
+        "actor_rollout_ref.model.use_fused_kernels=True",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={config.model.gradient_checkpointing}",
         f"actor_rollout_ref.actor.optim.lr={train.lr}", f"actor_rollout_ref.actor.optim.weight_decay={train.weight_decay}",
         f"actor_rollout_ref.actor.grad_clip={train.max_grad_norm}",
@@ -115,6 +119,8 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
     ]
 
 
+STACK = ("verl", "torch", "vllm", "transformers", "tensordict", "ray", "flash-attn")
+
 VERL_PHASES = {"generate": "timing_s/gen", "reward": "timing_s/reward", "logprobs": "timing_s/old_log_prob",
                "train": "timing_s/update_actor", "refresh": "timing_s/update_weights"}
 
@@ -129,6 +135,8 @@ def parse_verl_log(text: str, samples: int, prompt_tokens: int) -> list[dict]:
         metrics = {}
         for item in match.group(2).split(" - "):
             key, _, value = item.rpartition(":")
+            # numpy scalars print as `np.float64(54.9)`
+            value = re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip())
             try:
                 metrics[key.strip()] = float(value)
             except ValueError:
@@ -140,7 +148,8 @@ def parse_verl_log(text: str, samples: int, prompt_tokens: int) -> list[dict]:
         steps.append({"step_s": step_s, **{f"time_{p}_s": s for p, s in phases.items()},
                       "time_other_s": step_s - sum(phases.values()), "samples": samples,
                       "generated_tokens": metrics.get("response_length/mean", 0.0) * samples,
-                      "prompt_tokens": prompt_tokens, "peak_memory_gb": metrics.get("perf/max_memory_allocated_gb")})
+                      # the actor's torch peak, as oxrl's trainer_peak_memory_gb
+                      "prompt_tokens": prompt_tokens, "trainer_peak_memory_gb": metrics.get("actor/perf/max_memory_allocated_gb")})
     return steps
 
 
@@ -207,6 +216,20 @@ def main() -> None:
     print(f"speed-up, verl step / oxrl step: {speedup}")
 
 
+def versions_under(env: dict) -> dict:
+    """The versions of the packages a process started with `env` imports: verl's folder, first on its PYTHONPATH,
+    holds its own transformers."""
+    probe = ("import importlib.metadata as m, json\n"
+             "def version(name):\n"
+             "    try:\n"
+             "        return m.version(name)\n"
+             "    except m.PackageNotFoundError:\n"
+             "        return None\n"
+             f"print(json.dumps({{name: version(name) for name in {STACK!r}}}))")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    return json.loads(done.stdout) if done.returncode == 0 else {"probe_error": done.stderr[-500:]}
+
+
 def run_verl(args, overrides: list[str], config, timeout: float) -> int:
     """verl's trainer in its own process group (its Ray cluster ends with it); its per-step metrics from its log, to
     verl.json; its return code."""
@@ -236,16 +259,8 @@ def run_verl(args, overrides: list[str], config, timeout: float) -> int:
     samples = config.train.batch_size
     steps = parse_verl_log((args.out / "verl.log").read_text(errors="replace"), samples,
                            samples * config.rollout.max_prompt_len)
-    import importlib.metadata
-
-    versions = _versions()
-    try:
-        versions["verl"] = importlib.metadata.version("verl") if not args.verl_site else \
-            next(args.verl_site.glob("verl-*.dist-info")).name.removesuffix(".dist-info").split("-")[1]
-    except (importlib.metadata.PackageNotFoundError, StopIteration):
-        versions["verl"] = None
-    verl = {"side": "verl", "gpus": args.gpus, "versions": versions, "device": _device(), "per_step": steps, **summarize(steps),
-            "peak_gpu_memory_gb": max((s["peak_memory_gb"] or 0.0 for s in steps), default=None)}
+    verl = {"side": "verl", "gpus": args.gpus, "versions": versions_under(env), "device": _device(), "per_step": steps, **summarize(steps),
+            "trainer_peak_memory_gb": max((s["trainer_peak_memory_gb"] or 0.0 for s in steps), default=None)}
     _write(args.out / "verl.json", verl)
     return rc
 

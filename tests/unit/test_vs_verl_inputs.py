@@ -4,6 +4,7 @@ makes; its reward module, called as verl's reward manager calls a custom_reward_
 No verl needed."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -65,13 +66,27 @@ def test_verls_inputs_tokenize_and_score_as_oxrls(tmp_path, tiny_model_dir, vs_v
 
 
 def test_verls_console_lines_become_per_step_phases(vs_verl):
-    line = ("(TaskRunner pid=1) step:2 - actor/pg_loss:-0.01 - timing_s/gen:9.5 - timing_s/reward:0.25 - "
+    # verl 0.9.1's format: numpy scalars as `np.float64(...)`, exponents with a dash
+    line = ("(TaskRunner pid=1) step:2 - actor/pg_loss:-0.01 - timing_s/gen:9.5 - timing_s/reward:2.5e-05 - "
             "timing_s/old_log_prob:1.0 - timing_s/update_actor:3.0 - timing_s/update_weights:0.25 - "
-            "timing_s/step:15.0 - response_length/mean:500.0 - perf/max_memory_allocated_gb:40.5")
+            "actor/perf/max_memory_allocated_gb:np.float64(40.5) - timing_s/step:15.0 - response_length/mean:500.0")
     (step,) = vs_verl.parse_verl_log("starting\n" + line + "\nstep:3 - actor/lr:1e-06\n", samples=512, prompt_tokens=65536)
-    assert step == {"step_s": 15.0, "time_generate_s": 9.5, "time_reward_s": 0.25, "time_logprobs_s": 1.0,
-                    "time_train_s": 3.0, "time_refresh_s": 0.25, "time_other_s": 1.0, "samples": 512,
-                    "generated_tokens": 256000.0, "prompt_tokens": 65536, "peak_memory_gb": 40.5}
+    assert step == pytest.approx({"step_s": 15.0, "time_generate_s": 9.5, "time_reward_s": 2.5e-05, "time_logprobs_s": 1.0,
+                                  "time_train_s": 3.0, "time_refresh_s": 0.25, "time_other_s": 1.249975, "samples": 512,
+                                  "generated_tokens": 256000.0, "prompt_tokens": 65536, "trainer_peak_memory_gb": 40.5})
+
+
+def test_the_versions_reported_for_verl_are_those_its_pythonpath_imports(tmp_path, vs_verl):
+    site = tmp_path / "verl-site"
+    for name, version in (("verl", "0.9.1"), ("transformers", "5.10.4")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    import transformers
+
+    versions = vs_verl.versions_under({**os.environ, "PYTHONPATH": str(site)})
+    assert versions["verl"] == "0.9.1" and versions["transformers"] == "5.10.4" != transformers.__version__
+    assert vs_verl.versions_under(dict(os.environ))["transformers"] == transformers.__version__
 
 
 def test_a_run_verl_cannot_match_is_refused_by_name(tmp_path, vs_verl):
