@@ -91,7 +91,7 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
         # flash-attn is not in the stack: padded batches through SDPA (oxrl packs its micro-batches: varlen)
         "actor_rollout_ref.model.use_remove_padding=False", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         # and without flash-attn's cross-entropy kernel verl takes log-probs from the logits one token at a time
-        # (logprobs_from_logits_v2: 20,000 kernel launches a micro-batch; 2% MFU on an H200): its own fused kernels
+        # (logprobs_from_logits_v2: up to 20,000 kernel launches a micro-batch; 2% MFU on an H200): its own fused kernels
         # take them from the hidden states and the head in chunks instead
         "actor_rollout_ref.model.use_fused_kernels=True",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={config.model.gradient_checkpointing}",

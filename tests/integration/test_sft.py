@@ -217,17 +217,19 @@ def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers
     assert max(abs(a - b) for a, b in zip(vllm_logprobs, base_logprobs)) > 1e-2
 
 
-def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic, oxrl):
+def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic,
+                                                                                oxrl_side_by_side):
     """ZeRO-Offload (optimizer states and update in CPU memory through DeepSpeed's CPU Adam, the parameters too): the
     same 3 steps on 2 ranks give the weights of the run without it. It crashed at the engine's start before (DeepSpeed
     refuses torch's AdamW under offload)."""
-    out = tmp_path / "runs"
-    for name, offload in (("in-place", []), ("offloaded", ["deepspeed.offload_optimizer=true", "deepspeed.offload_param=true"])):
-        result = oxrl(*sft_args(tiny_model_dir, arithmetic, out, name, "deepspeed.zero_stage=3", "train.steps=3",
-                                "data.val=null", *offload))
+    runs = {"in-place": [], "offloaded": ["deepspeed.offload_optimizer=true", "deepspeed.offload_param=true"]}
+    # each run in its own output folder: two runs creating one MLflow store at once collide
+    results = oxrl_side_by_side(*(sft_args(tiny_model_dir, arithmetic, tmp_path / name, name, "deepspeed.zero_stage=3",
+                                           "train.steps=3", "data.val=null", *offload) for name, offload in runs.items()))
+    for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     initial = load_file(Path(tiny_model_dir) / "model.safetensors")
-    in_place, offloaded = (load_file(out / name / "final" / "model.safetensors") for name in ("in-place", "offloaded"))
+    in_place, offloaded = (load_file(tmp_path / name / name / "final" / "model.safetensors") for name in runs)
     assert max((offloaded[k] - in_place[k]).abs().max().item() for k in in_place) < 1e-5
     assert max((in_place[k] - initial[k]).abs().max().item() for k in in_place) > 1e-3  # the steps moved the weights
 
