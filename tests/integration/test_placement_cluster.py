@@ -194,8 +194,10 @@ def test_a_process_of_the_runs_cluster_that_ignores_the_shutdown_is_killed_befor
     process): here an actor's child that ignores SIGTERM and SIGINT, with Ray's own killing of actors' children off."""
     import psutil
 
+    from oxrl_core import placement
     from oxrl_core.placement import ray_cluster
 
+    monkeypatch.setattr(placement, "SHUTDOWN_GRACE_S", 2)  # the stray never exits: no need to wait out the default
     monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit", "0")
     monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "0")
 
