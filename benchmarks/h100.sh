@@ -53,9 +53,9 @@ if [ "$stage" = bench ]; then
   rm -f "$WORK/rl_step.json"
   timeout "${BENCH_TIMEOUT_S:-420}" python3 benchmarks/rl_step.py --out "$WORK" --steps 4 "$@" > "$OUT/bench.log" 2>&1
   rc=$?; echo "rc=$rc"; grep -v Capturing "$OUT/bench.log" | tail -n 18; cp "$WORK/rl_step.json" "$OUT/" 2>/dev/null
-  # a run cut short keeps its logs in its own folder
+  # a run cut short keeps its logs in its own folder, beside the stacks a hang (run.hang_timeout_s) wrote
   logs="$WORK/logs"; [ "$rc" = 0 ] || logs=$(ls -td "$WORK"/runs/*/logs 2>/dev/null | head -n 1)
-  cp "$logs"/rank0.log "$logs"/engine0.log "$OUT/" 2>/dev/null
+  cp "$logs"/rank0.log "$logs"/engine0.log "$logs"/../stacks.txt "$logs"/../crash.txt "$OUT/" 2>/dev/null
   exit 0
 fi
 
