@@ -21,6 +21,7 @@ median over the steps after the first of each phase (verl's `timing_s/gen`, `rew
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -217,17 +218,11 @@ def main() -> None:
 
 
 def versions_under(env: dict) -> dict:
-    """The versions of the packages a process started with `env` imports: verl's folder, first on its PYTHONPATH,
-    holds its own transformers."""
-    probe = ("import importlib.metadata as m, json\n"
-             "def version(name):\n"
-             "    try:\n"
-             "        return m.version(name)\n"
-             "    except m.PackageNotFoundError:\n"
-             "        return None\n"
-             f"print(json.dumps({{name: version(name) for name in {STACK!r}}}))")
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    return json.loads(done.stdout) if done.returncode == 0 else {"probe_error": done.stderr[-500:]}
+    """The versions of the packages a process of this interpreter started with `env` imports: those on its
+    PYTHONPATH first (verl's folder holds its own transformers), then this interpreter's."""
+    path = [*filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *sys.path]
+    return {name: next((d.version for d in importlib.metadata.distributions(name=name, path=path)), None)
+            for name in STACK}
 
 
 def run_verl(args, overrides: list[str], config, timeout: float) -> int:
