@@ -150,7 +150,9 @@ def parse_verl_log(text: str, samples: int, prompt_tokens: int) -> list[dict]:
                       "time_other_s": step_s - sum(phases.values()), "samples": samples,
                       "generated_tokens": metrics.get("response_length/mean", 0.0) * samples,
                       # the actor's torch peak, as oxrl's trainer_peak_memory_gb
-                      "prompt_tokens": prompt_tokens, "trainer_peak_memory_gb": metrics.get("actor/perf/max_memory_allocated_gb")})
+                      "prompt_tokens": prompt_tokens, "trainer_peak_memory_gb": metrics.get("actor/perf/max_memory_allocated_gb"),
+                      # mean(rollout logprob - trainer logprob) over response tokens, as oxrl's logprob_gap_kl
+                      "rollout_vs_trainer_kl": metrics.get("rollout_corr/kl")})
     return steps
 
 
@@ -255,7 +257,8 @@ def run_verl(args, overrides: list[str], config, timeout: float) -> int:
     steps = parse_verl_log((args.out / "verl.log").read_text(errors="replace"), samples,
                            samples * config.rollout.max_prompt_len)
     verl = {"side": "verl", "gpus": args.gpus, "versions": versions_under(env), "device": _device(), "per_step": steps, **summarize(steps),
-            "trainer_peak_memory_gb": max((s["trainer_peak_memory_gb"] or 0.0 for s in steps), default=None)}
+            "trainer_peak_memory_gb": max((s["trainer_peak_memory_gb"] or 0.0 for s in steps), default=None),
+            "rollout_vs_trainer_kl": max((s["rollout_vs_trainer_kl"] or 0.0 for s in steps), default=None)}
     _write(args.out / "verl.json", verl)
     return rc
 

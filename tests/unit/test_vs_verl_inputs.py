@@ -69,11 +69,13 @@ def test_verls_console_lines_become_per_step_phases(vs_verl):
     # verl 0.9.1's format: numpy scalars as `np.float64(...)`, exponents with a dash
     line = ("(TaskRunner pid=1) step:2 - actor/pg_loss:-0.01 - timing_s/gen:9.5 - timing_s/reward:2.5e-05 - "
             "timing_s/old_log_prob:1.0 - timing_s/update_actor:3.0 - timing_s/update_weights:0.25 - "
-            "actor/perf/max_memory_allocated_gb:np.float64(40.5) - timing_s/step:15.0 - response_length/mean:500.0")
+            "actor/perf/max_memory_allocated_gb:np.float64(40.5) - timing_s/step:15.0 - response_length/mean:500.0 - "
+            "rollout_corr/kl:5.827940464019775")
     (step,) = vs_verl.parse_verl_log("starting\n" + line + "\nstep:3 - actor/lr:1e-06\n", samples=512, prompt_tokens=65536)
     assert step == pytest.approx({"step_s": 15.0, "time_generate_s": 9.5, "time_reward_s": 2.5e-05, "time_logprobs_s": 1.0,
                                   "time_train_s": 3.0, "time_refresh_s": 0.25, "time_other_s": 1.249975, "samples": 512,
-                                  "generated_tokens": 256000.0, "prompt_tokens": 65536, "trainer_peak_memory_gb": 40.5})
+                                  "generated_tokens": 256000.0, "prompt_tokens": 65536, "trainer_peak_memory_gb": 40.5,
+                                  "rollout_vs_trainer_kl": 5.827940464019775})
 
 
 def test_the_versions_reported_for_verl_are_those_its_pythonpath_imports(tmp_path, vs_verl):
