@@ -256,9 +256,11 @@ def run_verl(args, overrides: list[str], config, timeout: float) -> int:
     samples = config.train.batch_size
     steps = parse_verl_log((args.out / "verl.log").read_text(errors="replace"), samples,
                            samples * config.rollout.max_prompt_len)
-    verl = {"side": "verl", "gpus": args.gpus, "versions": versions_under(env), "device": _device(), "per_step": steps, **summarize(steps),
-            "trainer_peak_memory_gb": max((s["trainer_peak_memory_gb"] or 0.0 for s in steps), default=None),
-            "rollout_vs_trainer_kl": max((s["rollout_vs_trainer_kl"] or 0.0 for s in steps), default=None)}
+    # the largest over the steps that logged it; None where none did
+    worst = {key: max((s[key] for s in steps if s[key] is not None), default=None)
+             for key in ("trainer_peak_memory_gb", "rollout_vs_trainer_kl")}
+    verl = {"side": "verl", "gpus": args.gpus, "versions": versions_under(env), "device": _device(), "per_step": steps,
+            **summarize(steps), **worst}
     _write(args.out / "verl.json", verl)
     return rc
 
