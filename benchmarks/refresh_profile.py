@@ -18,11 +18,12 @@ from pathlib import Path
 import ray
 import torch
 
-from oxrl_core.config import load_rl_config
-from oxrl_core.placement import ray_cluster
-from oxrl_core.placement.transport import open_ipc
+from oxrl_core.cluster.session import ray_cluster
+from oxrl_core.loops.preflight import load_rl_config, placement_request, trainer_spec
 from oxrl_core.rollout.pool import RolloutPool
+from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.group import TrainGroup
+from oxrl_core.training.transport import open_ipc
 from rl_step import prepare
 
 
@@ -61,9 +62,12 @@ def main() -> None:
         times.setdefault(key, []).append(time.perf_counter() - start)
         return result
 
-    with ray_cluster(config) as reservation:
-        group = TrainGroup(config, model_path, out / "logs", reservation)
-        pool = RolloutPool(config, model_path, out / "logs", reservation, group)
+    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
+        group = TrainGroup(trainer_spec(config), model_path, out / "logs", reservation)
+        # as the loop (loops/harness.py) builds it: the trainer's dtype, KV caches sized for a step's samples
+        pool = RolloutPool(config.rollout, model_path, str(model_dtype(config.model)).removeprefix("torch."),
+                           config.train.seed, config.train.batch_size, config.run.hang_timeout_s, out / "logs",
+                           reservation, group)
         engine = pool.workers[0]
         assert pool.weight_buckets == 1, "the parts are timed for a model of one bucket (rollout.weight_bucket_mb)"
         for version in range(1, 6):

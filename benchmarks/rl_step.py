@@ -4,7 +4,7 @@ A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qw
 `--shape vl-3b`: Qwen2.5-VL-3B's, 3.8B, a vision-language model whose every prompt also holds one 448x448 image, 256
 image tokens after the prompt's 128) is built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
 and engines; or split, given `rollout.placement=split` and how many ranks and engines share the N GPUs) go through
-`train_rl`, the same loop as `oxrl train rl`. Reported, as the median over the steps after the
+`train` (`oxrl_core.loops.train`), the same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
 phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per trainer GPU, peak memory of the fullest GPU;
@@ -43,9 +43,9 @@ import torch
 import yaml
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config
 from oxrl_core.data.records import prompt_messages
-from oxrl_core.loops.rl import train_rl
+from oxrl_core.loops.preflight import load_rl_config
+from oxrl_core.loops.train import train
 from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
@@ -275,7 +275,7 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
         torch.set_num_threads(threads)
 
     from oxrl_core.data.records import load_prompts
-    from oxrl_core.loops.run_folder import load_tokenizer
+    from oxrl_core.models.tokenizer import load_tokenizer
     from oxrl_core.rollout.engine import RolloutEngine
 
     r = config.rollout
@@ -397,7 +397,7 @@ def main() -> None:
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
-        summary = train_rl(config, model_path, resume=False, console=Console())
+        summary = train(config, model_path, resume=False, console=Console())
     keep_logs(Path(summary["run_dir"]), args.out, args.save)
     # The reference again, after the loop: does the host itself generate slower than before the run?
     standalone_after = standalone_in_own_process(1) if reference else {"tokens_per_s": None}

@@ -1,13 +1,13 @@
 """SFT steps on a GPU machine, step by step: a benchmark, never a test.
 
 The SL side of issue 19 beside `rl_step.py`'s RL step: a random-weight model in a Qwen2.5 shape (`--shape`, built as
-rl_step.py builds it) trained with SFT through `train_sl`, the loop of `oxrl train sl`, on `--gpus N` trainer ranks
-under ZeRO-3 (whose shards are what lets the 32B shape train at all; offload by override). The work per GPU is the RL
-step's trained tokens: PROMPTS x SAMPLES sequences of PROMPT_TOKENS + NEW_TOKENS tokens (a prompt of PROMPT_TOKENS, the
-loss on its completion, cut at data.max_len), in micro-batches of 16. Reported, as the median over the steps after the
-first (which compiles and allocates): the step's seconds, tokens/s in all and per GPU (every token goes forward and
-backward), MFU (6 N FLOPs per token, 4 N with LoRA, parameters only, against 989 TFLOP/s dense bf16 per GPU) and the
-largest peak GPU memory of a trainer rank.
+rl_step.py builds it) trained with SFT through `train` (`oxrl_core.loops.train`), the loop of `oxrl train sl`, on
+`--gpus N` trainer ranks under ZeRO-3 (whose shards are what lets the 32B shape train at all; offload by override).
+The work per GPU is the RL step's trained tokens: PROMPTS x SAMPLES sequences of PROMPT_TOKENS + NEW_TOKENS tokens
+(a prompt of PROMPT_TOKENS, the loss on its completion, cut at data.max_len), in micro-batches of 16. Reported, as the
+median over the steps after the first (which compiles and allocates): the step's seconds, tokens/s in all and per GPU
+(every token goes forward and backward), MFU (6 N FLOPs per token, 4 N with LoRA, parameters only, against 989
+TFLOP/s dense bf16 per GPU) and the largest peak GPU memory of a trainer rank.
 
     python benchmarks/sl_step.py --out DIR [--shape 0.5b|7b|32b] [--gpus N] [--steps S] [KEY=VALUE ...]
     # overrides as for `oxrl train sl`, e.g. model.gradient_checkpointing=true train.micro_batch_size=2
@@ -22,8 +22,8 @@ import torch
 import yaml
 from rich.console import Console
 
-from oxrl_core.config import load_sl_config
-from oxrl_core.loops.sl import train_sl
+from oxrl_core.loops.preflight import load_sl_config
+from oxrl_core.loops.train import train
 from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
                      keep_logs, train_flops_per_token, workload_parser, write_prompts)
 
@@ -56,7 +56,7 @@ def main() -> None:
     }))
     config, model_path = load_sl_config(config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"),
                                                       f"run.save_final={args.save}", *args.overrides])
-    summary = train_sl(config, model_path, resume=False, console=Console())
+    summary = train(config, model_path, resume=False, console=Console())
     keep_logs(Path(summary["run_dir"]), args.out, args.save)
     history = summary["history"]
     measured = history[1:] or history  # the first step compiles and allocates

@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from oxrl_core.config import load_rl_config
+from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.rl import _loss_kwargs
-from oxrl_core.placement import ray_cluster
+from oxrl_core.loops.preflight import load_rl_config, placement_request, trainer_spec
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.fused_head import fused_token_logprobs
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
@@ -33,6 +34,12 @@ from rl_step import QWEN25_SHAPES, prepare
 
 PEAK_FLOPS = 989e12
 SEQUENCES, PROMPT, RESPONSE, VOCAB, HIDDEN = 512, 128, 512, 151936, 896
+ALG = "cispo"  # the loss every train step here runs
+
+
+def loss_args(config, micro_batches: list[dict]):
+    """CISPO's loss arguments for one step over `micro_batches`: every rank's of the step, in one flat list."""
+    return ALGORITHMS[ALG].args(config.train, GlobalBatch(micro_batches, max_len=float(config.rollout.max_tokens)))
 
 
 def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
@@ -59,17 +66,17 @@ def time_variant(config_path: Path, overrides: list[str], model_flops: float, at
     train, ranks = variant.train, variant.run.train_ranks
     config, model_path = load_rl_config(config_path, [*overrides, f"train.batch_size={ranks * sequences}",
                                                       f"train.grad_accum={sequences // train.micro_batch_size}"])
-    with ray_cluster(config) as reservation:
-        return time_group(TrainGroup(config, model_path, config_path.parent / "train-phase-logs", reservation), config,
-                          overrides, model_flops, attention_flops, steps, sequences)
+    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
+        return time_group(TrainGroup(trainer_spec(config), model_path, config_path.parent / "train-phase-logs", reservation),
+                          config, overrides, model_flops, attention_flops, steps, sequences)
 
 
 def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float,
                steps: int = 2, sequences: int = SEQUENCES) -> dict:
     """`model_flops`, `attention_flops`: one forward over one rank's `sequences`."""
     per_rank = micro_batches(config, sequences)
-    ranks = config.run.train_ranks
-    kwargs = _loss_kwargs(config, float(ranks * sequences * RESPONSE), ranks * sequences)
+    # the loss's normalisers count every rank's micro-batches: ranks x `sequences` rows of RESPONSE tokens
+    args = loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches])
     logprob_s, train_s = [], []
     for step in range(1 + steps):
         start = time.perf_counter()
@@ -79,7 +86,7 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
             for batch, logprobs in zip(rank_batches, rank_old):
                 batch["old_logprobs"] = logprobs
         start = time.perf_counter()
-        result = group.call("train_step", per_rank, alg="cispo", loss_kwargs=kwargs, with_entropy=True)[0]
+        result = group.call("train_step", per_rank, alg=ALG, args=args, with_entropy=True)[0]
         train_s.append(time.perf_counter() - start)
     group.shutdown()
     train, logprobs = sum(train_s[1:]) / steps, sum(logprob_s[1:]) / steps  # after the warm-up step

@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from oxrl_core.config import load_rl_config
+from oxrl_core.algs.base import LossArgs
+from oxrl_core.cluster.bundles import free_port
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.rl import _loss_kwargs
-from oxrl_core.placement.groups import free_port
+from oxrl_core.loops.preflight import load_rl_config, trainer_spec
 from oxrl_core.training.engine import TrainEngine
 from rl_step import prepare
-from train_phase import RESPONSE, SEQUENCES, micro_batches
+from train_phase import ALG, loss_args, micro_batches
 
 
 def main() -> None:
@@ -56,15 +56,17 @@ def main() -> None:
     rank, port = args.rank or 0, args.port or free_port()
     # every rank runs every step (ZeRO's collectives); rank 0 times, profiles and reports
     report = open(out / "profile.txt" if rank == 0 else os.devnull, "w")  # the engine sends stdout to its rank log
-    engine = TrainEngine(config, model_path, rank, args.ranks, ("127.0.0.1", port), out / "logs")
-    batches = micro_batches(config)[rank]
-    kwargs = _loss_kwargs(config, float(args.ranks * SEQUENCES * RESPONSE), args.ranks * SEQUENCES)
+    engine = TrainEngine(trainer_spec(config), model_path, rank, args.ranks, ("127.0.0.1", port), out / "logs")
+    # every rank makes every rank's micro-batches (the same seeded ones) and trains its own; the loss's normalisers
+    # count them all
+    per_rank = micro_batches(config)
+    batches, loss = per_rank[rank], loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches])
     for step in range(3):
-        logprobs_s, train_s = timed_step(engine, batches, kwargs)
+        logprobs_s, train_s = timed_step(engine, batches, loss)
         print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s", file=report, flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rank == 0 else nullcontext() as prof:
         start = time.perf_counter()
-        engine.train_step(batches[:8], alg="cispo", loss_kwargs=kwargs, with_entropy=True)
+        engine.train_step(batches[:8], alg=ALG, args=loss, with_entropy=True)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     if rank:
@@ -105,7 +107,7 @@ def main() -> None:
     report.close()
 
 
-def timed_step(engine: TrainEngine, batches: list[dict], loss_kwargs: dict) -> tuple[float, float]:
+def timed_step(engine: TrainEngine, batches: list[dict], loss: LossArgs) -> tuple[float, float]:
     """One RL step's trainer work on this rank's micro-batches, timed on the device: the old-logprobs pass (which sets
     each batch's `old_logprobs`), then the CISPO train step; (logprobs seconds, train seconds)."""
     torch.cuda.synchronize()
@@ -114,7 +116,7 @@ def timed_step(engine: TrainEngine, batches: list[dict], loss_kwargs: dict) -> t
         batch["old_logprobs"] = logprobs
     torch.cuda.synchronize()
     middle = time.perf_counter()
-    engine.train_step(batches, alg="cispo", loss_kwargs=loss_kwargs, with_entropy=True)
+    engine.train_step(batches, alg=ALG, args=loss, with_entropy=True)
     torch.cuda.synchronize()
     return middle - start, time.perf_counter() - middle
 

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config, load_sl_config
-from oxrl_core.loops.rl import train_rl
-from oxrl_core.loops.sl import train_sl
+from oxrl_core.loops.preflight import load_rl_config, load_sl_config
+from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import write_jsonl
 from oxrl_core.preprocess.shapes import square_images, vlm_prompt_records, vlm_sft_records
 
@@ -31,11 +30,11 @@ DEMO = Path(__file__).resolve().parents[1] / "oxrl_core"
 
 def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -> dict:
     data = out / f"data-seed{seed}"
-    train = square_images(2000, seed=1000 + seed)
+    pictures = square_images(2000, seed=1000 + seed)
     val = square_images(64, seed=1)  # the shipped examples' held-out pictures
-    files = {"sft_train": write_jsonl(vlm_sft_records(train, 0.5, seed=seed), data / "sft_train.jsonl"),
+    files = {"sft_train": write_jsonl(vlm_sft_records(pictures, 0.5, seed=seed), data / "sft_train.jsonl"),
              "sft_val": write_jsonl(vlm_sft_records(val, 0.0, seed=seed), data / "sft_val.jsonl"),
-             "rl_train": write_jsonl(vlm_prompt_records(random.Random(seed).sample(train, 1000)), data / "rl_train.jsonl"),
+             "rl_train": write_jsonl(vlm_prompt_records(random.Random(seed).sample(pictures, 1000)), data / "rl_train.jsonl"),
              "rl_val": write_jsonl(vlm_prompt_records(val), data / "rl_val.jsonl")}
     result, _ = sft_then_rl(seed, out, files, sft_steps, rl_steps, console,
                             sft=["model.name_or_path=oxrl-tiny-vl", "data.max_len=64"], rl=["train.eval_every=0"])
@@ -51,11 +50,11 @@ def sft_then_rl(seed: int, out: Path, files: dict[str, Path], sft_steps: int, rl
     sft_config, model_path = load_sl_config(DEMO / "demo_sft.yaml", common + [
         f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name=sft-seed{seed}",
         f"train.steps={sft_steps}", *sft])
-    sft_run = train_sl(sft_config, model_path, resume=False, console=console)
+    sft_run = train(sft_config, model_path, resume=False, console=console)
     rl_config, sft_model = load_rl_config(DEMO / "demo_rl.yaml", common + [
         f"model.name_or_path={sft_run['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
         f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}", *rl])
-    rl_run = train_rl(rl_config, sft_model, resume=False, console=console)
+    rl_run = train(rl_config, sft_model, resume=False, console=console)
     return ({"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft_run["eval_loss"],
              "after_sft": rl_run["eval_before"], "after_rl": rl_run["eval_after"],
              "wall_time_s": time.perf_counter() - start}, rl_run["history"])

@@ -9,7 +9,8 @@ derived from the same config object (`trl_arguments`), so an override given here
 Each side runs in its own process, one after the other (TRL first), so each starts on an empty GPU:
   1. prepare: the model, the prompts and `rl_step.yaml` (rl_step.prepare);
   2. TRL: `GRPOTrainer(use_vllm=True, vllm_mode="colocate", loss_type="cispo")` for `--steps` optimizer steps;
-  3. oxrl: `train_rl` on `rl_step.yaml` (what `rl_step.py` runs, without its standalone-vLLM comparison).
+  3. oxrl: `train` (`oxrl_core.loops.train`) on `rl_step.yaml` (what `rl_step.py` runs, without its standalone-vLLM
+     comparison).
 Reported per side: the median over the steps after the first (which compiles and allocates) of each phase, the step
 (wall time from one optimizer step's end to the next), generated tokens/s, trained tokens/s, and the peak memory of
 the whole GPU (NVML, sampled every 50 ms); then the ratio oxrl / TRL of each figure and the speed-up (TRL's step over
@@ -190,7 +191,7 @@ def child_prepare(args) -> None:
 
 
 def _config(args, *extra: str):
-    from oxrl_core.config import load_rl_config
+    from oxrl_core.loops.preflight import load_rl_config
 
     smoke = SMOKE["overrides"] if args.smoke else []
     return load_rl_config(args.out / "rl_step.yaml", [f"train.steps={args.steps}", *extra, *smoke, *args.overrides])
@@ -272,10 +273,10 @@ def child_trl(args) -> None:
         # them; the smoke refreshes the way oxrl does on CPU (vLLM's `reload_weights`). On GPU TRL's own sync runs.
         from trl.generation.vllm_generation import VLLMGeneration
 
-        from oxrl_core.rollout.engine import _load_weights
+        from oxrl_core.rollout.engine import load_into_worker
 
         def cpu_sync_weights(self):
-            _load_weights(self.llm.llm_engine.model_executor.driver_worker, self._iter_named_params())
+            load_into_worker(self.llm.llm_engine.model_executor.driver_worker, self._iter_named_params())
             self.llm.reset_prefix_cache()
 
         VLLMGeneration.sync_weights = cpu_sync_weights
@@ -356,8 +357,7 @@ def child_oxrl(args) -> None:
     import torch
     from rich.console import Console
 
-    import oxrl_core.loops.rl as rl_loop
-    from oxrl_core.loops.rl import train_rl
+    from oxrl_core.loops.train import train
 
     on_gpu = torch.cuda.is_available()
     config, model_path = _config(args, "run.name=vs-trl-" + time.strftime("%H%M%S"))
@@ -365,11 +365,13 @@ def child_oxrl(args) -> None:
     result = {"side": "oxrl", "gpus": getattr(args, "gpus", 1), "versions": _versions(), "device": _device(),
               "overrides": args.overrides, "per_step": steps}
     marks = [None]
-    phase_metrics = rl_loop._phase_metrics
 
-    def timed(seconds, generated_tokens):  # called once per step, after its last phase: the step boundary
+    def timed(step: int, metrics: dict) -> None:  # called once per step, after its last phase: the step boundary
         now = time.perf_counter()
-        phases = {p: seconds.get(p, 0.0) for p in PHASES[:-1]}
+        phases = {p: metrics.get(f"time_{p}_s", 0.0) for p in PHASES[:-1]}  # a phase that did not run: 0 s
+        # the tokens the step generated: the loop's rate is exactly them over the generate phase's seconds (the
+        # step's mean response length is a float32 mean, exact only for a batch of a power of two)
+        generated_tokens = round(metrics["generate_tokens_per_s"] * metrics["time_generate_s"])
         # the first step has no previous boundary: its wall time is the sum of its phases, as rl_step.py counts steps
         step_s = now - marks[-1] if marks[-1] is not None else sum(phases.values())
         marks.append(now)
@@ -381,11 +383,9 @@ def child_oxrl(args) -> None:
                       # rl_step.py's prompts are exactly max_prompt_len tokens long (it asserts so)
                       "prompt_tokens": config.train.batch_size * config.rollout.max_prompt_len})
         _write(args.out / "oxrl.json", result | summarize(steps))
-        return phase_metrics(seconds, generated_tokens)
 
-    rl_loop._phase_metrics = timed
     with _gpu_peak(on_gpu) as peak:
-        summary = train_rl(config, model_path, resume=False, console=Console())
+        summary = train(config, model_path, resume=False, console=Console(), on_step=timed)
     for record, h in zip(steps, summary["history"]):
         record["response_length"] = h.get("response_length")
         record["trainer_peak_memory_gb"] = h.get("trainer_peak_memory_gb")

@@ -9,9 +9,10 @@ loads, and its reward is oxrl's reward function, called through a `custom_reward
 verl setting comes from the same oxrl config (`verl_overrides`), so an override given here changes both sides.
 
 Steps, one after the other, each side on empty GPUs: (1) prepare: the model, prompts, `rl_step.yaml` (rl_step.prepare)
-and verl's inputs; (2) verl for `--steps` steps; (3) oxrl's `train_rl` on `rl_step.yaml`. Reported per side: the
-median over the steps after the first of each phase (verl's `timing_s/gen`, `reward`, `old_log_prob`,
-`update_actor`, `update_weights`, `step`), generated and trained tokens/s, peak GPU memory, and the ratio.
+and verl's inputs; (2) verl for `--steps` steps; (3) oxrl's `train` (`oxrl_core.loops.train`) on `rl_step.yaml`.
+Reported per side: the median over the steps after the first of each phase (verl's `timing_s/gen`, `reward`,
+`old_log_prob`, `update_actor`, `update_weights`, `step`), generated and trained tokens/s, peak GPU memory, and the
+ratio.
 
     python benchmarks/vs_verl.py --out DIR [--gpus N] [--steps 4] [--verl-site DIR] [--side both|verl|oxrl] [KEY=VALUE ...]
     python benchmarks/vs_verl.py --smoke --out DIR   # CPU, no verl needed: verl's inputs written from the tiny model

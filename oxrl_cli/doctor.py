@@ -19,7 +19,7 @@ def doctor(
                                   help="Seconds each probe (Ray start, DeepSpeed report, torch on the GPUs, all-reduce) may take."),
 ) -> None:
     """Check Python, memory, disks, GPUs, CUDA, packages, DeepSpeed and Ray. Exit 0 when nothing fails, 1 when something does."""
-    from oxrl_core.doctor.checks import run_checks
+    from oxrl_core.doctor.diagnose import run_checks
 
     with Console(stderr=True).status("checking the environment..."):
         report = run_checks(deep=deep, smoke=smoke, timeout=timeout)

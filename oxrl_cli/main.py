@@ -14,9 +14,9 @@ from oxrl_cli.onboard import onboard
 from oxrl_cli.preprocess import preprocess
 from oxrl_cli.report import report
 from oxrl_cli.train import train_app
-from oxrl_core import __version__
 from oxrl_core.errors import Hang, OxrlError
 from oxrl_core.loops.signals import Stopped
+from oxrl_core.version import __version__
 
 app = typer.Typer(
     name="oxrl",

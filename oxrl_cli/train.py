@@ -5,9 +5,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config, load_sl_config
 from oxrl_core.config.load import dump_config
-from oxrl_core.config.schema import RL_ALGS, SL_ALGS
+from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
 
 train_app = typer.Typer(help="Train a model: supervised/preference (sl) or reinforcement learning (rl).", no_args_is_help=True)
 
@@ -27,15 +26,17 @@ def sl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
+    from oxrl_core.loops.preflight import load_sl_config  # imports torch: not for every `oxrl --help`
+
     resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
     from oxrl_cli.render import render_sl_summary
-    from oxrl_core.loops.sl import train_sl  # after validation: a refused config or a dry run need not import it
+    from oxrl_core.loops.train import train  # after validation: a refused config or a dry run need not import it
 
     console = Console()
-    render_sl_summary(train_sl(resolved, model_path, resume, console), console)
+    render_sl_summary(train(resolved, model_path, resume, console), console)
 
 
 @train_app.command("rl")
@@ -49,15 +50,17 @@ def rl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Reinforcement learning: vLLM rollouts, verifiable rewards, DeepSpeed updates, all under Ray."""
+    from oxrl_core.loops.preflight import load_rl_config  # imports torch: not for every `oxrl --help`
+
     resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
     from oxrl_cli.render import render_rl_summary
-    from oxrl_core.loops.rl import train_rl  # after validation: a refused config or a dry run need not import it
+    from oxrl_core.loops.train import train  # after validation: a refused config or a dry run need not import it
 
     console = Console()
-    render_rl_summary(train_rl(resolved, model_path, resume, console), console)
+    render_rl_summary(train(resolved, model_path, resume, console), console)
 
 
 def _starting_with(names: tuple[str, ...], incomplete: str) -> list[str]:
@@ -68,9 +71,9 @@ def _starting_with(names: tuple[str, ...], incomplete: str) -> list[str]:
 def _dry_run(config) -> None:
     """Print the resolved config. A run that scores samples resolves its reward function here as it would (a
     shipped name, or `module:function` imported), so a typo fails now and not after the engines have started."""
-    from oxrl_core.algs.registry import uses_reward
+    from oxrl_core.algs.registry import ALGORITHMS  # the records import torch: not for every `oxrl --help`
 
-    if uses_reward(config):
+    if ALGORITHMS[config.train.alg].rewards:
         from oxrl_core.config.schema import RLConfig
         from oxrl_core.rewards import resolve_reward
 

@@ -1,6 +1,6 @@
 """oxrl: readable post-training for LLMs on DeepSpeed, vLLM and Ray."""
 
-__version__ = "0.1.0"
+from oxrl_core.version import __version__  # re-exported: `oxrl_core.__version__`
 
 
 def __getattr__(name: str):

@@ -19,10 +19,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from oxrl_core.config.checks import check_config
 from oxrl_core.config.load import validate
-from oxrl_core.config.schema import RL_ALGS, SL_ALGS, RLConfig, SLConfig
+from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
+from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.preflight import check_config
+from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 
 TASKS = {"reasoning": "RL with a verifiable math reward (`reward.func: math`); without `data`, on synthetic arithmetic"}
@@ -66,14 +68,7 @@ class Trainer:
         tree = _merged(_hardware_defaults(tree, schema), tree)
         config = validate(schema, tree)
         model_path = check_config(config)
-        console = console or Console()
-        if rl:
-            from oxrl_core.loops.rl import train_rl
-
-            return train_rl(config, model_path, resume=False, console=console)
-        from oxrl_core.loops.sl import train_sl
-
-        return train_sl(config, model_path, resume=False, console=console)
+        return train(config, model_path, resume=False, console=console or Console())
 
 
 def _hardware_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config, load_sl_config
-from oxrl_core.loops.rl import train_rl
-from oxrl_core.loops.sl import train_sl
+from oxrl_core.loops.preflight import load_rl_config, load_sl_config
+from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import every_arithmetic_problem, off_by_one_sft_records, sft_records, write_jsonl
 
 SFT_CONFIG = Path(__file__).with_name("demo_sft.yaml")
@@ -49,13 +48,13 @@ def run_demo(console: Console, seed: int) -> dict:
     sft_config, model_path = load_sl_config(SFT_CONFIG, [
         f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}-sft",
         f"train.seed={seed}"])
-    sft = train_sl(sft_config, model_path, resume=False, console=console)
+    sft = train(sft_config, model_path, resume=False, console=console)
 
     console.rule("2/2 CISPO: reward right answers")
     rl_config, sft_model = load_rl_config(RL_CONFIG, [
         f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
         f"data.val={files['rl_val']}", f"run.name={name}-rl", f"train.seed={seed}"])
-    rl = train_rl(rl_config, sft_model, resume=False, console=console)
+    rl = train(rl_config, sft_model, resume=False, console=console)
     evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
     evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
     plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")

@@ -1,7 +1,7 @@
 """The exceptions the CLI turns into one line.
 
 `OxrlError`, a user mistake: its message names the thing, the bad value and what is allowed; the CLI prints it and
-exits 2. `Hang`, a run whose actors stopped answering (`placement/watch.py`): the CLI prints who was stuck and how
+exits 2. `Hang`, a run whose actors stopped answering (`cluster/watchdog.py`): the CLI prints who was stuck and how
 to resume, and exits 1. Anything else is an internal failure and keeps its traceback.
 """
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 RAY_HEAD = """
 import sys
 import ray
-from oxrl_core.placement import start_ray
+from oxrl_core.cluster.session import start_ray
 start_ray(num_cpus=16)  # CPU slots, as a user would give `ray start --num-cpus`: room for two runs at once
 print("RAY_ADDRESS=" + ray.get_runtime_context().gcs_address, flush=True)
 sys.stdin.read()

@@ -34,7 +34,7 @@ import triton.language as tl
 from torch.nn import functional as F
 
 from oxrl_core.training import fused_head
-from oxrl_core.training.fused_head import _width
+from oxrl_core.training.fused_head import width
 from oxrl_core.training.logprobs import rows_backward, rows_forward
 
 
@@ -99,7 +99,7 @@ def _logits_partials_kernel(hidden, weight, targets, picked, tile_max, tile_sum,
 def forward_today(hidden, weight, targets, temperature) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused head's forward as fused_head.py runs it: logits [n, V] a chunk of rows at a time, then the row
     kernel. Logprobs and entropies [N]."""
-    step = _width(len(weight))
+    step = width(len(weight))
     chunks = [rows_forward(F.linear(hidden[start:start + step], weight)[None], targets[None, start:start + step],
                            temperature, True) for start in range(0, len(hidden), step)]
     return torch.cat([c[0].flatten() for c in chunks]), torch.cat([c[2].flatten() for c in chunks])
@@ -124,7 +124,7 @@ def forward_fused(hidden, weight, targets, temperature, config) -> tuple[torch.T
 
 def backward_today(hidden, weight, targets, lse, grad, temperature) -> list[torch.Tensor]:
     """The backward's first two steps as fused_head.py runs them: each slice's gradient of the logits [N, v]."""
-    step, slices = _width(len(hidden)), []
+    step, slices = width(len(hidden)), []
     for start in range(0, len(weight), step):
         g = F.linear(hidden, weight[start:start + step])  # [N, v], then overwritten by its own gradient
         # no entropy gradient: the entropies argument goes unread (lse stands in)
@@ -136,7 +136,7 @@ def backward_today(hidden, weight, targets, lse, grad, temperature) -> list[torc
 def backward_fused(hidden, weight, targets, lse, grad, temperature, config) -> list[torch.Tensor]:
     """The same, each slice's gradient made in the product's epilogue, with tiles `config`."""
     block_m, block_n, block_k, warps, stages = config
-    step, slices = _width(len(hidden)), []
+    step, slices = width(len(hidden)), []
     for start in range(0, len(weight), step):
         w = weight[start:start + step]
         g = torch.empty(len(hidden), len(w), dtype=hidden.dtype, device=hidden.device)

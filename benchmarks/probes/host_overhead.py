@@ -64,7 +64,7 @@ def measure(variant: str, profile: bool) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from oxrl_core.training.engine import compile_blocks
+    from oxrl_core.training.build import compile_blocks
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """How far RoPE's inverse frequencies computed in bf16 (what ZeRO-3's partitioned init did to them before
-`rope_in_float32` in training/engine.py) move a model's token logprobs: a probe on the CPU, never a test.
+`rope_in_float32` in training/zero3.py) move a model's token logprobs: a probe on the CPU, never a test.
 
 Random weights in the width of each Qwen2.5 shape (hidden size, heads, KV heads, MLP, vocabulary; 2 decoder layers,
 the model in bf16), one sequence of 640 random tokens; the mean |difference| of its token logprobs between the

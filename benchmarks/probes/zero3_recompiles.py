@@ -19,14 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from oxrl_core.config import load_rl_config
+from oxrl_core.cluster.bundles import free_port
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.rl import _loss_kwargs
-from oxrl_core.placement.groups import free_port
+from oxrl_core.loops.preflight import load_rl_config, trainer_spec
 from oxrl_core.training.engine import TrainEngine
 from rl_step import prepare
-from train_phase import RESPONSE, micro_batches
+from train_phase import loss_args, micro_batches
 from train_step_profile import timed_step
 
 OVERRIDES = ["deepspeed.zero_stage=3", "model.compile=true"]
@@ -55,12 +54,15 @@ def main() -> None:
         sys.exit(max(child.wait() for child in children))
     torch._dynamo.config.recompile_limit = args.recompile_limit
     config = load_config(RLConfig, config_path, OVERRIDES)
-    engine = TrainEngine(config, config.model.name_or_path, args.rank, 2, ("127.0.0.1", args.port), args.out / "logs")
-    batches = micro_batches(config, args.sequences)[args.rank]
-    kwargs = _loss_kwargs(config, float(2 * args.sequences * RESPONSE), 2 * args.sequences)
+    engine = TrainEngine(trainer_spec(config), config.model.name_or_path, args.rank, 2, ("127.0.0.1", args.port),
+                         args.out / "logs")
+    # each rank makes both ranks' micro-batches (the same seeded ones) and trains its own; the loss's normalisers count
+    # them all
+    per_rank = micro_batches(config, args.sequences)
+    batches, loss = per_rank[args.rank], loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches])
     report = open(args.out / f"report{args.rank}.txt", "w")
     for step in range(3):
-        logprobs_s, train_s = timed_step(engine, batches, kwargs)
+        logprobs_s, train_s = timed_step(engine, batches, loss)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s graphs {graphs}", file=report, flush=True)
     os._exit(0)  # not the interpreter's exit: DeepSpeed's process group may hang it

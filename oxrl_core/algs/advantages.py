@@ -53,3 +53,24 @@ def gae(
         next_value = torch.where(live.bool(), values[:, t], next_value)
         next_advantage = torch.where(live.bool(), advantage, next_advantage)
     return advantages, advantages + values * mask
+
+
+def gae_advantages(per_rank: list[list[dict[str, torch.Tensor]]], train) -> None:
+    """PPO, in place on the step's micro-batches: each sequence's reward sits on its last response token, less a
+    per-token KL penalty to the reference when kl_coeff > 0 (InstructGPT's shaping); GAE over the old values gives
+    `advantages` and `returns` [B, T-1]. Unless adv_std_norm is none, advantages are whitened over all response
+    tokens of the batch."""
+    batches = [b for rank in per_rank for b in rank]
+    for b in batches:
+        mask = b["response_mask"]
+        token_rewards = torch.zeros_like(mask)
+        last = (mask * torch.arange(mask.shape[1])).argmax(-1)  # prediction-aligned index of each last token
+        token_rewards[torch.arange(len(mask)), last] = b.pop("rewards") * mask.amax(-1)
+        if train.kl_coeff > 0:
+            token_rewards -= train.kl_coeff * (b["old_logprobs"] - b["ref_logprobs"]) * mask
+        b["advantages"], b["returns"] = gae(token_rewards, b["old_values"], mask, train.gamma, train.lam)
+    if train.adv_std_norm != "none":
+        tokens = torch.cat([b["advantages"][b["response_mask"] > 0] for b in batches])
+        mean, std = tokens.mean(), tokens.std(unbiased=False)
+        for b in batches:
+            b["advantages"] = (b["advantages"] - mean) / (std + 1e-6) * b["response_mask"]

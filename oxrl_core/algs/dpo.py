@@ -9,9 +9,12 @@ flipped with probability ls, so the loss stops rewarding ever larger margins. ls
 paper's loss. The implicit reward of a response is beta * (lp - ref).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -32,3 +35,22 @@ def dpo_loss(
     per_pair = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
     return loss, pair_metrics(reward_chosen, reward_rejected, valid)
+
+
+@dataclass(frozen=True)
+class DPOArgs(LossArgs):
+    beta: float
+    label_smoothing: float
+    num_pairs: float  # pairs in the global batch whose responses both have tokens
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: DPOArgs) -> LossResult:
+    chosen, rejected, chosen_len, rejected_len = pair_sums(outputs, batch)
+    return dpo_loss(chosen, rejected, *batch["ref_logps"].chunk(2), chosen_len, rejected_len, **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> DPOArgs:
+    return DPOArgs(beta=train.beta, label_smoothing=train.label_smoothing, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("dpo", "sl", "pairs", batch_loss, make_args, reference="configurable")

@@ -10,8 +10,11 @@ without bound. This follows the paper's formula; TRL instead length-normalises t
 (mean token logprob) for IPO. Rewards for the metrics are beta * (lp - ref), as in DPO.
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -33,3 +36,21 @@ def ipo_loss(
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
     reward_chosen, reward_rejected = beta * log_ratio_chosen, beta * log_ratio_rejected  # [N] each
     return loss, pair_metrics(reward_chosen, reward_rejected, valid)
+
+
+@dataclass(frozen=True)
+class IPOArgs(LossArgs):
+    beta: float
+    num_pairs: float  # pairs in the global batch whose responses both have tokens
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: IPOArgs) -> LossResult:
+    chosen, rejected, chosen_len, rejected_len = pair_sums(outputs, batch)
+    return ipo_loss(chosen, rejected, *batch["ref_logps"].chunk(2), chosen_len, rejected_len, **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> IPOArgs:
+    return IPOArgs(beta=train.beta, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("ipo", "sl", "pairs", batch_loss, make_args, reference="configurable")

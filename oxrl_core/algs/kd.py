@@ -5,12 +5,17 @@ On response tokens, token mean over the global batch:
     loss = alpha * CE(data) + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T))
 
 T^2 keeps the soft term's gradient on the same scale as the hard term's when T changes
-(the paper, section 2). The per-token KL comes in computed (`training.logprobs.token_kl`: in
+(the paper, section 2). The per-token KL comes in computed (`algs/kl.py`: in
 float32 or wider, since half-precision logits lose the small probabilities the KL is made of;
 one sequence at a time; the teacher, a fixed target, passes no gradient).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
+
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.kl import token_kl
 
 
 def kd_loss(
@@ -25,3 +30,22 @@ def kd_loss(
     nll_sum = -torch.where(on_response, logprobs.to(kl.dtype), 0.0).sum()
     loss = (alpha * nll_sum + (1 - alpha) * temperature**2 * kl_sum) / num_tokens
     return loss, {"nll_sum": nll_sum.detach(), "kl_sum": kl_sum.detach(), "tokens": on_response.sum().float()}
+
+
+@dataclass(frozen=True)
+class KDArgs(LossArgs):
+    alpha: float
+    temperature: float
+    num_tokens: float  # response tokens in the global batch
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: KDArgs) -> LossResult:
+    kl = token_kl(outputs["logits"], outputs["teacher_logits"], args.temperature)  # [B, T-1], row by row
+    return kd_loss(kl, outputs["logprobs"], batch["response_mask"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> KDArgs:
+    return KDArgs(alpha=train.kd_alpha, temperature=train.kd_temperature, num_tokens=batch.tokens())
+
+
+ALGORITHM = Algorithm("kd", "sl", "conversations", batch_loss, make_args, teacher=True)

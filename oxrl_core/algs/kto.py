@@ -9,7 +9,11 @@ The caller estimates the KL from mismatched prompt/completion pairs and passes i
 number, so z carries no gradient (as in the paper). 1 - sigmoid(x) is computed as sigmoid(-x).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
+
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, sequence_sums
 
 
 def kto_loss(
@@ -38,3 +42,25 @@ def kto_loss(
         "reward_undesirable_sum": torch.where(is_undesirable, reward, 0.0).sum().detach(),
         "undesirable": is_undesirable.sum().float(),
     }
+
+
+@dataclass(frozen=True)
+class KTOArgs(LossArgs):
+    kl_baseline: float  # the KL estimate from mismatched pairs, made by the loop before the step
+    beta: float
+    desirable_weight: float
+    undesirable_weight: float
+    num_examples: float  # examples in the global batch with response tokens
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: KTOArgs) -> LossResult:
+    logps, lengths = sequence_sums(outputs, batch)
+    return kto_loss(logps, batch["ref_logps"], lengths, batch["desirable"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> KTOArgs:
+    return KTOArgs(kl_baseline=batch.kl_baseline, beta=train.beta, desirable_weight=train.desirable_weight,
+                   undesirable_weight=train.undesirable_weight, num_examples=batch.sequences_with_tokens())
+
+
+ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, reference="configurable")

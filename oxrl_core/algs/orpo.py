@@ -7,9 +7,12 @@ P = exp(m), m the response's mean token logprob, so log odds = m - log(1 - exp(m
 m - log(-expm1(m)) to stay exact for m near 0. The rewards reported are lam * m, as TRL reports them.
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -38,3 +41,22 @@ def orpo_loss(
         "nll_sum": nll_sum.detach(),
         "log_odds_ratio_sum": log_odds_ratio.sum().detach(),
     }
+
+
+@dataclass(frozen=True)
+class ORPOArgs(LossArgs):
+    lam: float
+    num_pairs: float  # pairs in the global batch whose responses both have tokens
+    num_chosen_tokens: float  # the chosen responses' tokens of those pairs
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: ORPOArgs) -> LossResult:
+    return orpo_loss(*pair_sums(outputs, batch), **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> ORPOArgs:
+    chosen_tokens = sum(float(c[(c > 0) & (r > 0)].sum()) for c, r in batch.pair_halves())
+    return ORPOArgs(lam=train.orpo_lambda, num_pairs=batch.pairs(), num_chosen_tokens=chosen_tokens)
+
+
+ALGORITHM = Algorithm("orpo", "sl", "pairs", batch_loss, make_args)

@@ -3,9 +3,12 @@
 Schulman et al. 2017 (arXiv 1707.06347); advantages from GAE (`advantages.gae`).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 
 from oxrl_core.algs.aggregate import LossAgg, aggregate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 
 
 def ppo_loss(
@@ -32,3 +35,35 @@ def ppo_loss(
         "value_loss_sum": (value * mask).sum().detach(),
         "entropy_sum": (entropy * mask).sum().detach(),
     }
+
+
+@dataclass(frozen=True)
+class PPOArgs(LossArgs):
+    clip_low: float
+    clip_high: float
+    value_clip: float
+    vf_coeff: float
+    entropy_coeff: float
+    loss_agg: LossAgg
+    num_tokens: float  # response tokens in the global batch
+    num_seqs: float  # samples in the global batch
+    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
+
+    @property
+    def entropy_grad(self) -> bool:
+        return self.entropy_coeff > 0
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: PPOArgs) -> LossResult:
+    return ppo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                    outputs["values"].float(), batch["old_values"], batch["returns"], outputs["entropy"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> PPOArgs:
+    return PPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, value_clip=train.value_clip, vf_coeff=train.vf_coeff,
+                   entropy_coeff=train.entropy_coeff, loss_agg=train.loss_agg, num_tokens=batch.tokens(),
+                   num_seqs=batch.sequences(), max_len=batch.max_len)
+
+
+# Episodes: PPO's per-token advantages across environment turns are not built.
+ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, reference="kl", critic=True, advantages="gae")

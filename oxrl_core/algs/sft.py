@@ -4,7 +4,11 @@ The mean is over every response token of the *global* batch (all micro-batches
 and ranks), so a long answer weighs by its length, as in a single big batch.
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
+
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 
 
 def sft_loss(
@@ -15,3 +19,19 @@ def sft_loss(
     nll_sum = -(logprobs * response_mask).sum()
     loss = nll_sum / num_tokens
     return loss, {"nll_sum": nll_sum.detach(), "tokens": response_mask.sum().float()}
+
+
+@dataclass(frozen=True)
+class SFTArgs(LossArgs):
+    num_tokens: float  # response tokens in the global batch
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: SFTArgs) -> LossResult:
+    return sft_loss(outputs["logprobs"], batch["response_mask"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> SFTArgs:
+    return SFTArgs(num_tokens=batch.tokens())
+
+
+ALGORITHM = Algorithm("sft", "sl", "conversations", batch_loss, make_args)

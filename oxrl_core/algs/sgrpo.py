@@ -5,9 +5,12 @@ asymmetric clipping (1 - clip_low, 1 + clip_high, as in DAPO, arXiv 2503.14476) 
 explicit aggregation mode (the paper's is `seq-mean-token-mean`).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 
 from oxrl_core.algs.aggregate import LossAgg, aggregate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 
 
 def sgrpo_loss(
@@ -33,3 +36,27 @@ def sgrpo_loss(
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     metrics["clip_frac_sum"] = (clipped * mask).sum()
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class SGRPOArgs(LossArgs):
+    clip_low: float
+    clip_high: float
+    kl_coeff: float
+    loss_agg: LossAgg
+    num_tokens: float  # response tokens in the global batch
+    num_seqs: float  # samples in the global batch
+    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
+    return sgrpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                      batch.get("ref_logprobs"), **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> SGRPOArgs:
+    return SGRPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, kl_coeff=train.kl_coeff, loss_agg=train.loss_agg,
+                     num_tokens=batch.tokens(), num_seqs=batch.sequences(), max_len=batch.max_len)
+
+
+ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True)

@@ -8,9 +8,12 @@ gamma is the target reward margin in reward units, as in the paper's equation (T
 `gamma_beta_ratio` is gamma / beta).
 """
 
+from dataclasses import asdict, dataclass
+
 import torch
 import torch.nn.functional as F
 
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -29,3 +32,21 @@ def simpo_loss(
     per_pair = -F.logsigmoid(margin - gamma)  # [N]
     loss = torch.where(valid, per_pair, 0.0).sum() / num_pairs
     return loss, pair_metrics(reward_chosen, reward_rejected, valid)
+
+
+@dataclass(frozen=True)
+class SimPOArgs(LossArgs):
+    beta: float
+    gamma: float
+    num_pairs: float  # pairs in the global batch whose responses both have tokens
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: SimPOArgs) -> LossResult:
+    return simpo_loss(*pair_sums(outputs, batch), **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> SimPOArgs:
+    return SimPOArgs(beta=train.beta, gamma=train.simpo_gamma, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("simpo", "sl", "pairs", batch_loss, make_args)

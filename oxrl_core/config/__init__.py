@@ -1,21 +1,6 @@
-"""Run configuration: schema (pydantic), YAML + dotted overrides, load-time checks."""
-
-from pathlib import Path
+"""Run configuration: schema (pydantic), YAML + dotted overrides. The checks at load, which need the rooms above
+this one, are `oxrl_core.loops.preflight` (`load_sl_config`, `load_rl_config`)."""
 
 from oxrl_core.config.load import load_config
-from oxrl_core.config.schema import RLConfig, SLConfig
 
-
-def load_sl_config(path: Path | None, overrides: list[str]) -> tuple[SLConfig, str]:
-    """Validated SL config and the resolved model path; OxrlError on any mistake."""
-    from oxrl_core.config.checks import check_config  # imports torch: not for every `oxrl --help`
-
-    config = load_config(SLConfig, path, overrides)
-    return config, check_config(config)
-
-
-def load_rl_config(path: Path | None, overrides: list[str]) -> tuple[RLConfig, str]:
-    from oxrl_core.config.checks import check_config
-
-    config = load_config(RLConfig, path, overrides)
-    return config, check_config(config)
+__all__ = ["load_config"]

@@ -2,7 +2,7 @@
 
 Every field here is documented by its `description`; the README's config
 reference is generated from these models (`oxrl_core.config.reference`).
-Cross-field and file-system checks live in `checks.py`.
+Cross-field and file-system checks live in `oxrl_core/loops/preflight.py`.
 """
 
 import os
@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SL_ALGS = ("sft", "dpo", "ipo", "orpo", "kto", "simpo", "cpt", "kd", "rm", "rft", "spin", "online-dpo")
-RL_ALGS = ("sgrpo", "cispo", "ppo")
+from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
+
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]

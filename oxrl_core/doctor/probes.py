@@ -70,7 +70,7 @@ def ray_start() -> dict:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from oxrl_core.placement import start_ray
+    from oxrl_core.cluster.session import start_ray
 
     start_ray(num_cpus=1)
     resources = ray.cluster_resources()
@@ -204,9 +204,9 @@ def rl_step() -> dict:
     """One CISPO step on the built-in tiny model through the real loop: Ray, vLLM, the math reward, DeepSpeed."""
     from rich.console import Console
 
-    from oxrl_core.config.checks import check_config
     from oxrl_core.config.schema import RLConfig
-    from oxrl_core.loops.rl import train_rl
+    from oxrl_core.loops.preflight import check_config
+    from oxrl_core.loops.train import train
     from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 
     with tempfile.TemporaryDirectory(prefix="oxrl-doctor-") as folder:
@@ -220,7 +220,7 @@ def rl_step() -> dict:
             "run": {"name": "smoke", "output_dir": folder},
         })
         start = time.perf_counter()
-        summary = train_rl(config, check_config(config), resume=False, console=Console(stderr=True))
+        summary = train(config, check_config(config), resume=False, console=Console(stderr=True))
         step = summary["history"][-1]
         return {"seconds": time.perf_counter() - start, "reward_mean": step["reward_mean"], "policy_version": step["policy_version"]}
 

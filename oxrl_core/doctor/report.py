@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from oxrl_core import __version__
+from oxrl_core.version import __version__
 
 Status = Literal["ok", "warn", "fail"]
 SEVERITY = {"ok": 0, "warn": 1, "fail": 2}

@@ -28,14 +28,6 @@ def open_run_folder(config, resume: bool) -> tuple[Path, Path, dict, str]:
     return run_dir, ds_dir, state, config_yaml
 
 
-def load_tokenizer(model_path: str):
-    """The model's tokenizer and the id that pads batches (pad token, else EOS)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return tokenizer, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-
 def resume_state(ds_dir: Path) -> dict:
     """The loop state saved with the last complete checkpoint (`ds/latest` names it)."""
     latest = ds_dir / "latest"

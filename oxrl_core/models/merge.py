@@ -20,6 +20,7 @@ import torch
 
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import resolve_model
+from oxrl_core.models.tokenizer import load_tokenizer
 
 # peft task type -> the transformers class that the base loads as
 MODEL_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSequenceClassification"}
@@ -54,8 +55,6 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
     """
     import transformers
     from peft import PeftModel
-
-    from oxrl_core.loops.run_folder import load_tokenizer
 
     adapter, out = Path(adapter), Path(out)
     if dtype not in DTYPES:

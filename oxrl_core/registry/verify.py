@@ -7,9 +7,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.config import load_rl_config, load_sl_config
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.registry.schema import RegistryEntry
+from oxrl_core.version import __version__
 
 # One step on the smallest batches, no held-out evaluation: this proves the model loads, trains and samples.
 SFT_STEP = ["train.steps=1", "run.train_ranks=1", "train.batch_size=2", "train.micro_batch_size=2", "train.grad_accum=1", "data.val=null"]
@@ -19,18 +20,17 @@ RL_STEP = ["train.steps=1", "run.train_ranks=1", "train.batch_size=4", "train.mi
 
 def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Console) -> RegistryEntry:
     """The entry marked verified with today's date and the versions used; OxrlError if a step fails."""
-    from oxrl_core.loops.rl import train_rl
-    from oxrl_core.loops.sl import train_sl
+    from oxrl_core.loops.train import train
 
     with tempfile.TemporaryDirectory(prefix="oxrl-verify-") as runs:  # the checkpoints are not kept
         console.rule(f"verify 1/2: one SFT step on {entry.model}")
         config, model_path = load_sl_config(sft_config, [*SFT_STEP, f"run.output_dir={runs}"])
-        sft = train_sl(config, model_path, resume=False, console=console)
+        sft = train(config, model_path, resume=False, console=console)
         if not math.isfinite(sft["last_loss"]):
             raise OxrlError(f"--verify: the SFT step on {entry.model} gave loss {sft['last_loss']}")
         console.rule(f"verify 2/2: one RL step on {entry.model}")
         config, model_path = load_rl_config(rl_config, [*RL_STEP, f"run.output_dir={runs}"])
-        rl = train_rl(config, model_path, resume=False, console=console)
+        rl = train(config, model_path, resume=False, console=console)
         if [h["step"] for h in rl["history"]] != [1] or not math.isfinite(rl["history"][0]["loss"]):
             raise OxrlError(f"--verify: the RL step on {entry.model} did not finish with a finite loss: {rl['history']}")
     return entry.model_copy(update={"status": "verified", "verified_date": date.today(), "verified_versions": _versions()})
@@ -42,8 +42,6 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
     import vllm
-
-    from oxrl_core import __version__
 
     return {"oxrl": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "vllm": vllm.__version__, "deepspeed": deepspeed.__version__, "peft": peft.__version__}

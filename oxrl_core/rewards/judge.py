@@ -26,7 +26,10 @@ from oxrl_core.config.schema import JudgeSection
 from oxrl_core.data.records import prompt_messages
 from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
+from oxrl_core.models.hub import resolve_model
+from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.rewards import RewardUnavailable, Unscored
+from oxrl_core.rollout.engine import RolloutEngine, start_error
 
 TEMPLATES = {
     "number": ("Rate how well the response answers the question, from {score_min:g} (wrong or useless) to "
@@ -114,9 +117,6 @@ class Judge:
     on the judge's engine, which `start` launches once the run's Ray cluster is up."""
 
     def __init__(self, settings: JudgeSection):
-        from oxrl_core.loops.run_folder import load_tokenizer
-        from oxrl_core.models.hub import resolve_model
-
         self.settings, self.template = settings, check_judge(settings)
         self.model_path = resolve_model(settings.model, key="reward.judge.model")
         self.tokenizer, _ = load_tokenizer(self.model_path)
@@ -127,8 +127,6 @@ class Judge:
     def start(self, reservation, run_dir: Path, samples_per_step: int) -> None:
         """The judge's vLLM engine, on the placement's judge bundle; judgments.jsonl opened in `run_dir`."""
         import ray
-
-        from oxrl_core.rollout.engine import RolloutEngine, start_error
 
         s = self.settings
         sequences = samples_per_step * (2 if s.score == "pairwise" else 1)
@@ -203,7 +201,7 @@ class Judge:
 
     def _call(self, method: str, prompt_ids: list[list[int]], *args):
         """`method` of the judge's engine on `prompt_ids` (nothing to do for none), timed; an engine that died is
-        `RewardUnavailable` (one that hangs, `watch.Hang`)."""
+        `RewardUnavailable` (one that hangs, `Hang`)."""
         import ray
 
         self.calls += 1

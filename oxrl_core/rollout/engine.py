@@ -1,7 +1,7 @@
 """One vLLM engine (a Ray actor): generates rollouts and takes new weights without restarting.
 
 Each rollout carries the policy version of the weights that produced it, so
-the trainer can refuse stale samples (`checks.stability.check_policy_version`).
+the trainer can refuse stale samples (`loops.guards.check_policy_version`).
 """
 
 import datetime
@@ -16,7 +16,7 @@ import torch
 
 from oxrl_core.data.images import collapse_image_tokens
 from oxrl_core.errors import OxrlError
-from oxrl_core.placement.transport import WeightChannel, WeightSpec, open_ipc
+from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 
 # vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
 CPU_BLOCK_TOKENS = 128
@@ -53,7 +53,7 @@ class Rollout:
         return self.response_ids[start:end]
 
 
-def _load_weights(worker, weights):
+def load_into_worker(worker, weights):
     """Runs inside vLLM's worker (in this process: the engine core is in-process): stream (name, tensor) pairs
     into the model in place, as they come (a bucket received or a CUDA IPC handle opened at a time).
 
@@ -147,7 +147,7 @@ class RolloutEngine:
             parallel = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher",
                         "disable_custom_all_reduce": True}
         if log_path is not None:
-            from oxrl_core.training.engine import redirect_output
+            from oxrl_core.cluster.process import redirect_output  # here: it imports Ray, which `oxrl eval` need not
 
             redirect_output(log_path)
         self.policy_version, self.failure = 0, None
@@ -238,7 +238,7 @@ class RolloutEngine:
         return [sums[i:i + len(continuations)] for i in range(0, len(sums), len(continuations))]
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
-        self.llm.collective_rpc(_load_weights, args=(weights,))
+        self.llm.collective_rpc(load_into_worker, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         # So were the images' encoder outputs: the scheduler's record of them and the runner's store, reset together
         # (the runner's alone, as `reload_weights` does on CPU, leaves the scheduler expecting outputs that are gone).

@@ -1,32 +1,29 @@
 """A run's vLLM engines as the loops use them: sample from all of them, refresh all of them from the trainer.
 
 An engine is one or more workers (Ray actors, one per GPU: its tensor-parallel ranks). Where they live and how
-the weights reach them follow from the run's placement (`oxrl_core.placement`).
+the weights reach them follow from the run's placement (`oxrl_core.cluster`).
 """
 
 from pathlib import Path
 
 import ray
 
-from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.placement.groups import Reservation
-from oxrl_core.placement.transport import buckets
-from oxrl_core.placement.watch import collective_timeout
+from oxrl_core.cluster.bundles import Reservation
+from oxrl_core.cluster.watchdog import collective_timeout
+from oxrl_core.config.schema import RolloutSection
 from oxrl_core.rollout.engine import Rollout, RolloutEngine, start_error
-from oxrl_core.training.engine import model_dtype
 from oxrl_core.training.group import TrainGroup
+from oxrl_core.training.transport import buckets
 
 
 class RolloutPool:
-    def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path, reservation: Reservation,
-                 group: TrainGroup):
-        """Starts the engines and waits for them (an engine that cannot start is one line, `start_error`), then
-        connects them to the trainer for weight refreshes."""
-        r, self.config, self.group, self.watch = config.rollout, config, group, reservation.watch
+    def __init__(self, rollout: RolloutSection, model_path: str, dtype: str, seed: int, step_samples: int,
+                 hang_timeout_s: float, log_dir: Path, reservation: Reservation, group: TrainGroup):
+        """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
+        sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
+        one line, `start_error`), then connects them to the trainer for weight refreshes."""
+        r, self.rollout, self.group, self.watch = rollout, rollout, group, reservation.watch
         self.placement, tp = reservation.placement, r.tensor_parallel_size
-        dtype = str(model_dtype(config)).removeprefix("torch.")
-        # The samples of one step, shared by the engines: an RL batch counts samples, an SL batch prompts.
-        step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else r.n_samples)
         self.engines, logs = [], []  # engines: each its workers, tensor-parallel rank 0 first
         max_model_len = r.max_prompt_len + (r.env.max_episode_tokens if r.env.name else r.max_tokens)
         for e in range(r.engines):
@@ -36,7 +33,7 @@ class RolloutPool:
             for shard in range(tp):
                 logs.append(log_dir / (f"engine{e}.log" if tp == 1 else f"engine{e}-tp{shard}.log"))
                 workers.append(self.watch.add(ray.remote(RolloutEngine).options(**options[shard]).remote(
-                    model_path, dtype, max_model_len, r.gpu_memory_utilization, config.train.seed + e,
+                    model_path, dtype, max_model_len, r.gpu_memory_utilization, seed + e,
                     -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None),
                     logs[-1].stem, logs[-1]))
             self.engines.append(workers)
@@ -50,7 +47,7 @@ class RolloutPool:
         if not self.placement.weights_over_ipc:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
             address, port = reservation.address(reservation.rank_options(0))
-            world, timeout = 1 + len(self.workers), collective_timeout(config.run.hang_timeout_s)
+            world, timeout = 1 + len(self.workers), collective_timeout(hang_timeout_s)
             self.watch.get([group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes, timeout),
                             *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes, timeout)
                               for i, w in enumerate(self.workers))], "weight channel")
@@ -62,7 +59,7 @@ class RolloutPool:
         Prompts are dealt round-robin to the engines (an engine's workers all get its share and return the same
         samples); each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
         with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
-        r = self.config.rollout
+        r = self.rollout
         images = images if images and any(images) else None
         max_tokens = max_tokens or [r.max_tokens] * len(prompts)
         shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]

@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from oxrl_core import __version__
+from oxrl_core.version import __version__
 from oxrl_core.errors import OxrlError
 
 REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")

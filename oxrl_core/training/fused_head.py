@@ -38,7 +38,7 @@ CHUNK = 2**27
 ALIGN = 128
 
 
-def _width(other: int) -> int:
+def width(other: int) -> int:
     """The rows (or columns) of a chunk [width, other] of at most CHUNK entries: a multiple of ALIGN when above it."""
     width = max(1, CHUNK // other)
     return width - width % ALIGN if width > ALIGN else width
@@ -58,7 +58,7 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: 
 class _FusedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, with_entropy):  # [N, H], [V, H], [N], float, bool
-        step = _width(len(weight))
+        step = width(len(weight))
         chunks = [rows_forward(F.linear(hidden[start:start + step], weight)[None],  # logits [1, n, V]
                                targets[None, start:start + step], temperature, with_entropy)
                   for start in range(0, len(hidden), step)]
@@ -75,7 +75,7 @@ class _FusedLogprobs(torch.autograd.Function):
         grad_hidden = torch.zeros(hidden.shape, dtype=lse.dtype, device=hidden.device) if want_hidden else None
         grad_weight = torch.empty_like(weight) if want_weight else None
         vocab = len(weight)
-        step = _width(len(hidden))
+        step = width(len(hidden))
         for start in range(0, vocab, step):
             w = weight[start:start + step]  # [v, H]
             g = F.linear(hidden, w)  # [N, v], then overwritten by its own gradient

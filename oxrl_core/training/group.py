@@ -8,16 +8,17 @@ from pathlib import Path
 
 import ray
 
-from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.placement.groups import Reservation
+from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.training.engine import TrainEngine
+from oxrl_core.training.spec import TrainerSpec
+
 
 class TrainGroup:
-    def __init__(self, config: SLConfig | RLConfig, model_path: str, log_dir: Path, reservation: Reservation):
-        world, self.watch = config.run.train_ranks, reservation.watch
+    def __init__(self, spec: TrainerSpec, model_path: str, log_dir: Path, reservation: Reservation):
+        world, self.watch = reservation.placement.train_ranks, reservation.watch
         master = reservation.address(reservation.rank_options(0))
         self.ranks = [self.watch.add(ray.remote(TrainEngine).options(**reservation.rank_options(rank)).remote(
-                          config, model_path, rank, world, master, log_dir), f"rank{rank}", log_dir / f"rank{rank}.log")
+                          spec, model_path, rank, world, master, log_dir), f"rank{rank}", log_dir / f"rank{rank}.log")
                       for rank in range(world)]
         # A colocated vLLM measures the GPU memory left to it, so the ranks must be built first; otherwise they
         # start while the rollout engines do, and the first call waits for them.

@@ -9,8 +9,8 @@ gradient tensor of the logits' dtype) rather than recomputed by autograd.
 
 The training engine mostly never makes the logits: its fused head (`fused_head.py`)
 runs the same row functions, `rows_forward` and `rows_backward`, on chunks of them.
-`token_logprobs` serves where the logits exist anyway: KD, whose loss needs them, and output
-layers the fused head does not take (a LoRA adapter on lm_head).
+`token_logprobs` serves where the logits exist anyway: KD, whose loss needs them (its KL: `algs/kl.py`), and
+output layers the fused head does not take (a LoRA adapter on lm_head).
 """
 
 import os
@@ -102,38 +102,3 @@ def _scaled(row: torch.Tensor, temperature: float) -> torch.Tensor:
     """row [P, V] -> row / temperature in float32 (float64 stays float64)."""
     row = row.to(torch.promote_types(row.dtype, torch.float32))
     return row if temperature == 1.0 else row / temperature
-
-
-def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """student_logits, teacher_logits [B, N, V] -> [B, N]: KL(softmax(teacher / T) || softmax(student / T)) at each
-    position, in float32 or wider. One sequence at a time, so no [B, N, V] float32 tensor exists (KD over a 150k
-    vocabulary); the teacher is a fixed target and gets no gradient."""
-    return _TokenKL.apply(student_logits, teacher_logits.detach(), temperature)
-
-
-class _TokenKL(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, student, teacher, temperature):  # [B, N, V], [B, N, V], float
-        dtype = torch.promote_types(student.dtype, torch.float32)
-        kl = torch.empty(student.shape[:2], dtype=dtype, device=student.device)  # [B, N]
-        student_lse, teacher_lse = torch.empty_like(kl), torch.empty_like(kl)
-        for b in range(len(student)):
-            s, t = student[b].to(dtype) / temperature, teacher[b].to(dtype) / temperature  # [N, V]
-            student_lse[b], teacher_lse[b] = torch.logsumexp(s, dim=-1), torch.logsumexp(t, dim=-1)
-            teacher_logp = t - teacher_lse[b, :, None]
-            kl[b] = (teacher_logp.exp() * (teacher_logp - s + student_lse[b, :, None])).sum(-1)
-        ctx.save_for_backward(student, teacher, student_lse, teacher_lse)
-        ctx.temperature = temperature
-        return kl
-
-    @staticmethod
-    def backward(ctx, grad):  # grad [B, N]
-        student, teacher, student_lse, teacher_lse = ctx.saved_tensors
-        temperature, dtype = ctx.temperature, student_lse.dtype
-        grad_student = torch.empty_like(student)
-        for b in range(len(student)):
-            # dKL/dstudent = (softmax(student / T) - softmax(teacher / T)) / T
-            p_student = torch.exp(student[b].to(dtype) / temperature - student_lse[b, :, None])  # [N, V]
-            p_teacher = torch.exp(teacher[b].to(dtype) / temperature - teacher_lse[b, :, None])
-            grad_student[b] = (p_student - p_teacher) * (grad[b, :, None] / temperature)
-        return grad_student, None, None

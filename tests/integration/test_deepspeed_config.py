@@ -1,4 +1,4 @@
-"""DeepSpeed under oxrl's own config (training/engine.py; one rank, CPU, a tiny linear model):
+"""DeepSpeed under oxrl's own config (training/deepspeed_setup.py; one rank, CPU, a tiny linear model):
 - a non-finite gradient in a bf16 run: the RL engine drops DeepSpeed's overflow check, so the norm it reports must
   still be non-finite for the RL loop to stop on; the SL engine keeps the check, so DeepSpeed skips that step and the
   weights stay as they were;
@@ -24,7 +24,8 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.training.engine import deepspeed_config
+from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.training.deepspeed_setup import deepspeed_config
 
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 deepspeed.init_distributed(dist_backend="gloo")
@@ -37,7 +38,7 @@ def engine_and_model(schema, grad_accum: int):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8).to(torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
-                                      optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), config=deepspeed_config(config))
+                                      optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), config=deepspeed_config(trainer_spec(config)))
     return engine, model
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.placement.watch import FIRST_RUN_FACTOR
+from oxrl_core.cluster.watchdog import FIRST_RUN_FACTOR
 
 pytestmark = pytest.mark.integration
 HANG_TIMEOUT_S = 30  # start-up on a loaded 2-core machine may take most of its 120 s first-run bound

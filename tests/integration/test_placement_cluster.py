@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import ray
 
+from oxrl_core.cluster.bundles import Reservation
+from oxrl_core.cluster.placement import Placement
+from oxrl_core.cluster.watchdog import ActorWatch
 from oxrl_core.errors import OxrlError
-from oxrl_core.placement import Placement
-from oxrl_core.placement.groups import Reservation
-from oxrl_core.placement.watch import ActorWatch
 
 pytestmark = pytest.mark.integration
 
@@ -67,8 +67,8 @@ def test_ranks_slower_to_build_than_the_placement_timeout_are_recorded_within_th
         two_declared_gpus, tmp_path, monkeypatch):
     """A rank that takes minutes to build (DeepSpeed's CPU Adam under offload on a loaded machine) failed the run
     with Ray's bare GetTimeoutError once the fixed placement timeout ran out; the run's hang deadline applies."""
-    import oxrl_core.placement.groups as groups
-    monkeypatch.setattr(groups, "PLACEMENT_TIMEOUT_S", 1)
+    import oxrl_core.cluster.bundles as bundles
+    monkeypatch.setattr(bundles, "PLACEMENT_TIMEOUT_S", 1)
 
     class SlowRank:
         def __init__(self):
@@ -172,7 +172,7 @@ def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tm
 def test_without_ray_address_a_run_starts_a_cluster_of_its_own_beside_one_that_ray_start_left(two_node_cluster,
                                                                                               monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    script = ("import ray; from oxrl_core.placement import start_ray; start_ray(2); "
+    script = ("import ray; from oxrl_core.cluster.session import start_ray; start_ray(2); "
               "print('ADDRESS', ray.get_runtime_context().gcs_address); ray.shutdown()")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -194,10 +194,10 @@ def test_a_process_of_the_runs_cluster_that_ignores_the_shutdown_is_killed_befor
     process): here an actor's child that ignores SIGTERM and SIGINT, with Ray's own killing of actors' children off."""
     import psutil
 
-    from oxrl_core import placement
-    from oxrl_core.placement import ray_cluster
+    from oxrl_core.cluster import session
+    from oxrl_core.cluster.session import ray_cluster
 
-    monkeypatch.setattr(placement, "SHUTDOWN_GRACE_S", 2)  # the stray never exits: no need to wait out the default
+    monkeypatch.setattr(session, "SHUTDOWN_GRACE_S", 2)  # the stray never exits: no need to wait out the default
     monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit", "0")
     monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "0")
 
@@ -207,7 +207,7 @@ def test_a_process_of_the_runs_cluster_that_ignores_the_shutdown_is_killed_befor
             ignore = "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)]; time.sleep(600)"
             return subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True).pid
 
-    with ray_cluster():
+    with ray_cluster(None, 0):
         worker = ray.get(Engine.remote().start_worker.remote())
         assert psutil.Process(worker).status() != psutil.STATUS_ZOMBIE
     with contextlib.suppress(psutil.NoSuchProcess):

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from oxrl_core.config import load_rl_config
+from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -64,9 +64,8 @@ def test_a_refresh_does_not_grow_the_drivers_memory_with_the_model_size(tmp_path
     """The weights go from trainer rank 0 to the engine workers over their own broadcast group. When they went
     through the object store and the driver, the driver held the whole model for every refresh. With two models 4x
     apart in size, the driver grows by less than a quarter of the larger one during either's refresh."""
-    from oxrl_core.placement import ray_cluster
-    from oxrl_core.rollout.pool import RolloutPool
-    from oxrl_core.training.group import TrainGroup
+    from oxrl_core.cluster.session import ray_cluster
+    from oxrl_core.loops.harness import start_actors
 
     prompts = write_jsonl(arithmetic_problems(8, seed=5), tmp_path / "prompts.jsonl")
     sizes, growths = {}, {}
@@ -78,9 +77,8 @@ def test_a_refresh_does_not_grow_the_drivers_memory_with_the_model_size(tmp_path
             f"run.output_dir={tmp_path / folder.name}", "train.batch_size=4", "train.micro_batch_size=4",
             "train.grad_accum=1", "run.train_ranks=1", "deepspeed.zero_stage=0", "rollout.n_samples=4",
             "rollout.engines=1"])
-        with ray_cluster(config) as reservation:
-            group = TrainGroup(config, model_path, tmp_path / folder.name / "logs", reservation)
-            pool = RolloutPool(config, model_path, tmp_path / folder.name / "logs", reservation, group)
+        with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
+            group, pool = start_actors(config, model_path, tmp_path / folder.name / "logs", reservation)
             growths[layers], seconds = peak_rss_growth(lambda: pool.refresh(1))
             group.shutdown()
         print(f"{layers} layers: {sizes[layers] / MB:.0f} MB of weights, driver RSS +{growths[layers] / MB:.1f} MB "

@@ -10,8 +10,10 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
-from oxrl_core.checks.stability import StalePolicyError, check_policy_version
-from oxrl_core.config import load_rl_config
+from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.loops.guards import StalePolicyError, check_policy_version
+from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 from fingerprint import check_fingerprint
 
@@ -176,10 +178,9 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
                                                                                   placement, lora):
     """2 trainer ranks (ZeRO-3) and 2 engines; the weights reach the engines through the broadcast group (on CPU in
     both placements), never through the driver."""
-    from oxrl_core.loops.rl import _attach, _rl_micro_batches
-    from oxrl_core.placement import ray_cluster
-    from oxrl_core.rollout.pool import RolloutPool
-    from oxrl_core.training.group import TrainGroup
+    from oxrl_core.loops.recipes.policy_gradient import attach, rl_micro_batches
+    from oxrl_core.cluster.session import ray_cluster
+    from oxrl_core.loops.harness import start_actors
 
     config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
         f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
@@ -189,29 +190,27 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         f"lora.enabled={str(lora).lower()}", "lora.r=8"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
-    with ray_cluster(config) as reservation:
-        group = TrainGroup(config, model_path, tmp_path / "logs", reservation)
-        pool = RolloutPool(config, model_path, tmp_path / "logs", reservation, group)
+    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
+        group, pool = start_actors(config, model_path, tmp_path / "logs", reservation)
         assert reservation.placement.mode == placement and len(pool.engines) == 2
         before = ray.get(pool.engines[0][0].generate.remote(prompt, 4, 1.0, 1.0, [8], [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-        batches = _rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
-        _attach(batches, "old_logprobs", group.call("token_logprobs", batches))
-        kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=8.0,
-                      num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
-        group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
+        batches = rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
+        attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=8.0))
+        group.call("train_step", batches, alg="cispo", args=args)
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4
         after = [s for (worker, *_), seed in zip(pool.engines, (1, 2))
                  for s in ray.get(worker.generate.remote(prompt, 2, 1.0, 1.0, [8], [seed]))]
         assert all(s.policy_version == 1 for s in after)
-        trainer = group.call("token_logprobs", _rl_micro_batches(after, {}, 2, 1, 0, False))
+        trainer = group.call("token_logprobs", rl_micro_batches(after, {}, 2, 1, 0, False))
         for i, sample in enumerate(after):
             n = len(sample.prompt_ids)
             mine = trainer[i // 2][i % 2][0, n - 1:n - 1 + len(sample.response_ids)]
             assert torch.allclose(mine, torch.tensor(sample.sampler_logprobs), atol=1e-2), f"engine {i // 2}"
-        stale_gap = group.call("token_logprobs", _rl_micro_batches(before[:2], {}, 2, 1, 0, False))
+        stale_gap = group.call("token_logprobs", rl_micro_batches(before[:2], {}, 2, 1, 0, False))
         n = len(before[0].prompt_ids)
         assert (stale_gap[0][0][0, n - 1:n - 1 + len(before[0].response_ids)] - torch.tensor(before[0].sampler_logprobs)).abs().max() > 1e-2
 

@@ -16,9 +16,11 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from oxrl_core.config import load_rl_config
+from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.data.records import load_prompts
-from oxrl_core.loops.run_folder import load_tokenizer
+from oxrl_core.loops.preflight import load_rl_config, placement_request
+from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.preprocess.shapes import QUESTION
 from fingerprint import check_fingerprint
 
@@ -123,10 +125,9 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
     """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
     prompt scored by the trainer. Scored without the image (by either side), they are far apart. The vision tower
     trains, so the refresh must bring its new weights too (the frozen default is checked by the CISPO example's gap)."""
-    from oxrl_core.loops.rl import _attach, _rl_micro_batches
-    from oxrl_core.placement import ray_cluster
-    from oxrl_core.rollout.pool import RolloutPool
-    from oxrl_core.training.group import TrainGroup
+    from oxrl_core.loops.recipes.policy_gradient import attach, rl_micro_batches
+    from oxrl_core.cluster.session import ray_cluster
+    from oxrl_core.loops.harness import start_actors
 
     config, model_path = load_rl_config(Path("examples/vlm_cispo_tiny.yaml"), [
         "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
@@ -134,19 +135,17 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
     tokenizer, pad = load_tokenizer(model_path)
     prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
     prompt = prompts[0]
-    with ray_cluster(config) as reservation:
-        group = TrainGroup(config, model_path, tmp_path / "logs", reservation)
-        pool = RolloutPool(config, model_path, tmp_path / "logs", reservation, group)
+    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
+        group, pool = start_actors(config, model_path, tmp_path / "logs", reservation)
         before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, images=[prompt.images])
-        batches = _rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
-        _attach(batches, "old_logprobs", group.call("token_logprobs", batches))
-        kwargs = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_seqs=4.0, max_len=16.0,
-                      num_tokens=sum(float(b["response_mask"].sum()) for r in batches for b in r))
-        group.call("train_step", batches, alg="cispo", loss_kwargs=kwargs)
+        batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
+        attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=16.0))
+        group.call("train_step", batches, alg="cispo", args=args)
         pool.refresh(1)
         after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=[prompt.images])
         blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=None)  # the engine without the image
-        batches = _rl_micro_batches(after, {}, 1, 4, pad, False)
+        batches = rl_micro_batches(after, {}, 1, 4, pad, False)
         trainer = group.call("token_logprobs", batches)[0][0]
         without_image = {k: v for k, v in batches[0][0].items() if k not in ("images", "image_counts")}
         trainer_blind = group.call("token_logprobs", [[without_image]])[0][0]

@@ -1,4 +1,4 @@
-"""ZeRO-3 as oxrl configures it (each decoder layer one leaf module: training/engine.py:gather_by_block) trains the
+"""ZeRO-3 as oxrl configures it (each decoder layer one leaf module: training/zero3.py:gather_by_block) trains the
 weights ZeRO-2 trains: two SFT steps on 2 DeepSpeed ranks (gloo, CPU, float32), full weights (with the README's
 prefetch setting), LoRA, and full weights with compiled layers (each layer's forward compiled, DeepSpeed's hooks
 outside it); with torch's own linear in the layers, where DeepSpeed's zero.Init leaves its own."""
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from oxrl_core.placement.groups import free_port
+from oxrl_core.cluster.bundles import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
+from oxrl_core.algs.sft import SFTArgs
 from oxrl_core.config.schema import SLConfig
 from oxrl_core.data.sft import SFTExample, collate_sft
+from oxrl_core.loops.preflight import trainer_spec
 from oxrl_core.training.engine import TrainEngine
 
 rank, port, path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
@@ -40,10 +42,10 @@ for lora, stage, compiled in ((False, 2, False), (False, 3, False), (True, 2, Fa
         "lora": {"enabled": lora, "r": 4, "target_modules": ["q_proj", "v_proj"]},
         "train": {"lr": 1e-2, "batch_size": 8, "micro_batch_size": 2, "grad_accum": 2, "warmup_steps": 0},
         "data": {"train": [{"path": "unused.jsonl"}]}})
-    engine = TrainEngine(config, path, rank, 2, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config), path, rank, 2, ("127.0.0.1", port), out / "logs")
     # torch's own linear, not the one zero.Init leaves behind (engine.py:torch_linear)
     assert torch.nn.functional.linear is torch._C._nn.linear, torch.nn.functional.linear
-    losses = [engine.train_step(batches, alg="sft", loss_kwargs={"num_tokens": tokens})["loss"] for _ in range(2)]
+    losses = [engine.train_step(batches, alg="sft", args=SFTArgs(num_tokens=tokens))["loss"] for _ in range(2)]
     weights = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.engine.module.named_parameters() if p.requires_grad}
     results[(lora, stage, compiled)] = (losses, weights)
     del engine

@@ -1,4 +1,4 @@
-"""Regional compilation (training/engine.py:compile_blocks): each decoder layer is compiled, and nothing else (a vision
+"""Regional compilation (training/build.py:compile_blocks): each decoder layer is compiled, and nothing else (a vision
 tower stays eager); and when `model.compile: auto` compiles."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from oxrl_core.config.schema import SLConfig
-from oxrl_core.training.engine import compile_blocks, compiles_layers
+from oxrl_core.training.build import compile_blocks, compiles_layers
 
 
 def test_each_decoder_layer_is_compiled_and_nothing_around_them(tiny_model_dir):

@@ -3,10 +3,10 @@
 import pytest
 import yaml
 
-from oxrl_core.config import load_sl_config
 from oxrl_core.config.load import dump_config, load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.preflight import check_config, load_sl_config
 
 
 @pytest.fixture
@@ -121,11 +121,12 @@ def test_deepspeeds_zero_settings_are_checked_against_its_own_schema_at_load(tmp
 
 
 def test_deepspeeds_zero_settings_reach_the_engines_config_over_oxrls(tmp_path, good):
-    from oxrl_core.training.engine import deepspeed_config
+    from oxrl_core.loops.preflight import trainer_spec
+    from oxrl_core.training.deepspeed_setup import deepspeed_config
 
     config, _ = load(tmp_path, good, ["deepspeed.zero_stage=3", "deepspeed.offload_param=true",
                                       "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8"])
-    assert deepspeed_config(config)["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
+    assert deepspeed_config(trainer_spec(config))["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
                                                              "stage3_prefetch_bucket_size": 5e8}
 
 
@@ -202,8 +203,6 @@ def test_rl_config_validates_group_size(tmp_path, good):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
     config = load_config(RLConfig, path, ["rollout.n_samples=4"])
-    from oxrl_core.config.checks import check_config
-
     with pytest.raises(OxrlError, match=r"train.batch_size=6: must be a multiple of rollout.n_samples \(4\)"):
         check_config(config)
 
@@ -211,8 +210,6 @@ def test_rl_config_validates_group_size(tmp_path, good):
 def test_cispo_with_a_kl_coefficient_is_refused_rather_than_ignored(tmp_path, good):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
-    from oxrl_core.config.checks import check_config
-
     with pytest.raises(OxrlError, match=r"train.kl_coeff=0.1: CISPO has no KL term"):
         check_config(load_config(RLConfig, path, ["train.alg=cispo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
     check_config(load_config(RLConfig, path, ["train.alg=ppo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
@@ -229,8 +226,6 @@ def test_cispo_with_a_kl_coefficient_is_refused_rather_than_ignored(tmp_path, go
 def test_multi_turn_mistakes_are_refused_at_load(tmp_path, good, overrides, expected):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
-    from oxrl_core.config.checks import check_config
-
     with pytest.raises(OxrlError, match=expected):
         check_config(load_config(RLConfig, path, ["rollout.n_samples=4", *overrides]))
     check_config(load_config(RLConfig, path, ["rollout.n_samples=4", "rollout.env.name=calculator", "reward.func=env"]))

@@ -14,7 +14,7 @@ from packaging.specifiers import SpecifierSet
 from pydantic import ValidationError
 
 from oxrl_core.doctor import gpu, probes, system
-from oxrl_core.doctor.checks import run_checks
+from oxrl_core.doctor.diagnose import run_checks
 from oxrl_core.doctor.packages import package_checks, vision_check
 from oxrl_core.doctor.report import Check, Report
 

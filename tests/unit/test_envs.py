@@ -13,7 +13,7 @@ from oxrl_core.envs.calculator import Calculator
 from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.rl import _rl_micro_batches, _sampler_trainer_gap
+from oxrl_core.loops.recipes.policy_gradient import rl_micro_batches, sampler_trainer_gap
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
 
@@ -233,7 +233,7 @@ def episode_rollouts() -> list[Rollout]:
 
 
 def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
-    per_rank = _rl_micro_batches(episode_rollouts(), {"advantages": torch.tensor([1.0, -1.0])}, 1, 2, 0, False)
+    per_rank = rl_micro_batches(episode_rollouts(), {"advantages": torch.tensor([1.0, -1.0])}, 1, 2, 0, False)
     batch = per_rank[0][0]
     # prediction-aligned: position t predicts token t + 1; the prompt is 3 tokens
     assert batch["response_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1]
@@ -248,14 +248,14 @@ def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
 
 
 def test_the_logprob_gap_counts_policy_tokens_only():
-    per_rank = _rl_micro_batches(episode_rollouts(), {"advantages": torch.tensor([1.0, -1.0])}, 1, 2, 0, False)
+    per_rank = rl_micro_batches(episode_rollouts(), {"advantages": torch.tensor([1.0, -1.0])}, 1, 2, 0, False)
     trainer = per_rank[0][0]["sampler_logprobs"].clone()
     trainer[0, 4:7] = -30.0  # the environment's tokens: anything at all under the trainer
-    assert _sampler_trainer_gap(per_rank, [[trainer]])["logprob_gap_abs"] == 0.0
+    assert sampler_trainer_gap(per_rank, [[trainer]])["logprob_gap_abs"] == 0.0
 
 
 def test_a_truncated_episode_is_left_out_whole_when_truncated_samples_are_masked():
     [episode, _] = episode_rollouts()
     episode.finish_reason = "length"
-    batch = _rl_micro_batches([episode], {"advantages": torch.tensor([1.0])}, 1, 1, 0, mask_truncated=True)[0][0]
+    batch = rl_micro_batches([episode], {"advantages": torch.tensor([1.0])}, 1, 1, 0, mask_truncated=True)[0][0]
     assert batch["response_mask"].sum() == 0

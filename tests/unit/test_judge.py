@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from oxrl_core.cluster.placement import decide
 from oxrl_core.config.schema import JudgeSection, RLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.placement import decide
+from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.rewards import RewardUnavailable, Unscored, resolve_reward, score_samples
 from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_score, parse_verdict, prompt_text, render
 
@@ -176,19 +177,17 @@ def rl_config(**reward) -> RLConfig:
 
 
 def test_the_judge_gets_a_bundle_of_its_own_or_shares_trainer_rank_0s_gpu():
-    assert decide(rl_config(func="judge"), 0).bundles == 3  # CPU: rank, engine, judge side by side
-    own = decide(rl_config(func="judge"), 2)  # auto: rank and engine share one GPU, the judge has the other
+    assert decide(placement_request(rl_config(func="judge")), 0).bundles == 3  # CPU: rank, engine, judge side by side
+    own = decide(placement_request(rl_config(func="judge")), 2)  # auto: rank and engine share one GPU, the judge has the other
     assert (own.mode, own.judge, own.bundles) == ("colocated", "own", 2)
-    assert decide(rl_config(func="judge"), 3).mode == "split"
-    assert decide(rl_config(func="judge", judge={"placement": "colocated"}), 1).bundles == 1
+    assert decide(placement_request(rl_config(func="judge")), 3).mode == "split"
+    assert decide(placement_request(rl_config(func="judge", judge={"placement": "colocated"})), 1).bundles == 1
     with pytest.raises(OxrlError, match="plus one for reward.judge"):
-        decide(rl_config(func="judge"), 1)  # trainer and engine fill the one GPU; the judge needs another
-    assert decide(rl_config(func="math"), 0).judge is None
+        decide(placement_request(rl_config(func="judge")), 1)  # trainer and engine fill the one GPU; the judge needs another
+    assert decide(placement_request(rl_config(func="math")), 0).judge is None
 
 
 def test_judge_settings_with_another_reward_and_a_judge_outside_rl_are_refused(tmp_path):
-    from oxrl_core.config import load_rl_config
-
     with pytest.raises(OxrlError, match="reward.judge: set, but reward.func='math'"):
         load_rl_config(Path("examples/cispo_tiny.yaml"), ["reward.judge.model=oxrl-tiny", f"run.output_dir={tmp_path}"])
     with pytest.raises(OxrlError, match="RL rollouts only"):

@@ -9,7 +9,8 @@ import sys
 import torch
 
 from oxrl_core.training import triton_logprobs
-from oxrl_core.training.logprobs import token_kl, token_logprobs, token_logprobs_and_entropy
+from oxrl_core.algs.kl import token_kl
+from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
 def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

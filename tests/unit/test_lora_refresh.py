@@ -5,7 +5,7 @@ from peft import LoraConfig, get_peft_model
 from torch.multiprocessing.reductions import reduce_tensor
 from transformers import AutoModelForCausalLM
 
-from oxrl_core.training.engine import merged_lora_weight
+from oxrl_core.training.publish import merged_lora_weight
 
 R, ALPHA = 8, 16.0
 

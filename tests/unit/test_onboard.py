@@ -10,8 +10,8 @@ from safetensors import safe_open
 from transformers import (AutoTokenizer, DiffLlamaConfig, Gemma2Config, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
                           Qwen2VLConfig)
 
-from oxrl_core.config import load_rl_config, load_sl_config
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.registry.configs import write_configs
 from oxrl_core.registry.schema import RegistryEntry, load_entry, write_entry
 from oxrl_core.registry.scout import recommend_mode, scout

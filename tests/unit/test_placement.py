@@ -9,9 +9,10 @@ import torch
 
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.placement import Placement, decide
-from oxrl_core.placement.groups import free_port
-from oxrl_core.placement.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
+from oxrl_core.cluster.bundles import free_port
+from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
+from oxrl_core.loops.preflight import placement_request
+from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -32,14 +33,14 @@ def rl(ranks=1, engines=1, tp=1, placement="auto") -> RLConfig:
     (8, 4, 2, 8, "colocated", 8),
 ])
 def test_auto_shares_gpus_only_when_ranks_and_engines_do_not_fit_side_by_side(ranks, engines, tp, gpus, mode, bundles):
-    placement = decide(rl(ranks, engines, tp), gpus)
+    placement = decide(placement_request(rl(ranks, engines, tp)), gpus)
     assert (placement.mode, placement.bundles, placement.on_gpu) == (mode, bundles, gpus > 0)
     assert placement.weights_over_ipc == (mode == "colocated" and gpus > 0)
 
 
 def test_an_explicit_placement_is_kept():
-    assert decide(rl(2, 2, placement="colocated"), 0).mode == "colocated"
-    assert decide(rl(1, 1, placement="split"), 2).mode == "split"
+    assert decide(placement_request(rl(2, 2, placement="colocated")), 0).mode == "colocated"
+    assert decide(placement_request(rl(1, 1, placement="split")), 2).mode == "split"
 
 
 @pytest.mark.parametrize("ranks,engines,tp,gpus,placement,words", [
@@ -50,15 +51,23 @@ def test_an_explicit_placement_is_kept():
 ])
 def test_what_does_not_fit_is_refused_with_the_numbers(ranks, engines, tp, gpus, placement, words):
     with pytest.raises(OxrlError) as error:
-        decide(rl(ranks, engines, tp, placement), gpus)
+        decide(placement_request(rl(ranks, engines, tp, placement)), gpus)
     assert all(w in str(error.value) for w in words), str(error.value)
 
 
 def test_a_run_that_samples_nothing_places_only_its_ranks():
     sft = SLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 2}})
-    assert decide(sft, 2) == Placement("split", True, 2, 0, 1)
+    assert decide(placement_request(sft), 2) == Placement("split", True, 2, 0, 1)
     with pytest.raises(OxrlError, match="run.train_ranks=2: the cluster has 1 GPU"):
-        decide(sft, 1)
+        decide(placement_request(sft), 1)
+
+
+def test_the_placement_is_decided_from_the_requests_counts_alone():
+    """No engines: only the ranks are placed, whatever the rest asks. On CPU the judge has a slot of its own even
+    where the request asks to share (slots are scheduling units, not devices)."""
+    assert decide(PlacementRequest(2, 0, 4, "colocated", "own"), 2) == Placement("split", True, 2, 0, 1)
+    assert decide(PlacementRequest(1, 1, 1, "auto", "colocated"), 0) == Placement("split", False, 1, 1, 1, "own")
+    assert decide(PlacementRequest(1, 1, 1, "auto", "colocated"), 1) == Placement("colocated", True, 1, 1, 1, "colocated")
 
 
 def spec(name, numel, dtype="float32"):
@@ -127,7 +136,7 @@ def test_packing_refuses_weights_out_of_plan_order():
 
 
 class _Rank:
-    """The parts of a trainer rank `TrainEngine.share_weights` uses; `gathered` counts the weights whose ZeRO-3 gather
+    """The parts of a trainer rank `WeightPublisher.share_weights` uses; `gathered` counts the weights whose ZeRO-3 gather
     is open (at most one; every rank must go through the same gathers)."""
 
     def __init__(self, weights, events=None):
@@ -152,13 +161,13 @@ def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_ever
     after the last bucket no gather is left open on either; each bucket's copy is let go before the next is made."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from oxrl_core.placement import transport
-    from oxrl_core.training import engine
+    from oxrl_core.training import transport
+    from oxrl_core.training import publish
 
     events = []
-    monkeypatch.setattr(engine, "share_over_ipc", lambda bucket, weights: (
+    monkeypatch.setattr(publish, "share_over_ipc", lambda bucket, weights: (
         events.append("share"), flat := packed(bucket, weights, torch.device("cpu")), reduce_tensor(flat))[1:])
-    monkeypatch.setattr(engine, "gpu_uuid", lambda: "GPU-0")
+    monkeypatch.setattr(publish, "gpu_uuid", lambda: "GPU-0")
     monkeypatch.setattr(transport, "gpu_uuid", lambda: "GPU-0")
     torch.manual_seed(0)
     weights = [("embed", torch.randn(7, 3)), ("norm", torch.randn(3)), ("head", torch.randn(5, 3).to(torch.bfloat16))]
@@ -167,8 +176,8 @@ def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_ever
     assert [len(b) for b in plan] == [2, 1]  # embed and norm, 84 + 12 bytes; head
     received = []
     for bucket in range(len(plan)):
-        handles = engine.TrainEngine.share_weights(with_engine, True, bucket, 96)
-        assert engine.TrainEngine.share_weights(without, False, bucket, 96) == {}
+        handles = publish.WeightPublisher.share_weights(with_engine, True, bucket, 96)
+        assert publish.WeightPublisher.share_weights(without, False, bucket, 96) == {}
         assert with_engine.gathered == without.gathered == (bucket < len(plan) - 1)
         received.extend((name, t.clone()) for name, t in transport.open_ipc(handles))
     assert [n for n, _ in received] == [n for n, _ in weights]

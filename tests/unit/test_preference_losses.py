@@ -13,7 +13,7 @@ from oxrl_core.algs.kto import kto_loss
 from oxrl_core.algs.orpo import orpo_loss
 from oxrl_core.algs.rm import rm_loss
 from oxrl_core.algs.simpo import simpo_loss
-from oxrl_core.training.logprobs import token_kl
+from oxrl_core.algs.kl import token_kl
 
 TOL = 1e-6
 LENGTH_KEYS = ("chosen_lengths", "rejected_lengths", "lengths", "response_mask")  # zero here = padding filler

@@ -181,7 +181,7 @@ def test_aggregation_over_micro_batches_equals_the_whole_batch(mode):
 def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
     from types import SimpleNamespace
 
-    from oxrl_core.loops.rl import _gae_advantages
+    from oxrl_core.algs.advantages import gae_advantages
 
     g = torch.Generator().manual_seed(3)
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.float64)  # last row: masked out
@@ -189,7 +189,7 @@ def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
     old, ref, values = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(3))
     batch = {"response_mask": mask, "rewards": rewards.clone(), "old_logprobs": old, "ref_logprobs": ref, "old_values": values}
     train = SimpleNamespace(kl_coeff=0.1, gamma=0.9, lam=0.8, adv_std_norm="batch" if whiten else "none")
-    _gae_advantages([[batch]], train)
+    gae_advantages([[batch]], train)
     expected, returns = [[0.0] * 5 for _ in range(3)], [[0.0] * 5 for _ in range(3)]
     for b in range(3):
         positions = [t for t in range(5) if mask[b, t]]

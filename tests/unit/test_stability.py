@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from oxrl_core.checks.stability import StalePolicyError, check_no_trained_padding, check_policy_version, non_finite
-from oxrl_core.loops.rl import _rl_micro_batches
+from oxrl_core.loops.guards import StalePolicyError, check_no_trained_padding, check_policy_version, non_finite
+from oxrl_core.loops.recipes.policy_gradient import rl_micro_batches
 from oxrl_core.rollout.engine import Rollout
 
 
@@ -29,12 +29,12 @@ def test_non_finite_names_the_bad_tensors():
 def test_rl_batches_put_each_response_token_and_its_sampler_logprob_on_the_position_that_predicts_it():
     rollouts = [Rollout(0, [5, 6, 7], [8, 9], [-0.5, -0.25], "stop", 0),
                 Rollout(0, [5, 6], [10, 11, 12], [-1.0, -2.0, -3.0], "length", 0)]
-    (batch,), = _rl_micro_batches(rollouts, {"advantages": torch.tensor([1.0, -1.0])}, ranks=1, size=2, pad_id=0, mask_truncated=False)
+    (batch,), = rl_micro_batches(rollouts, {"advantages": torch.tensor([1.0, -1.0])}, ranks=1, size=2, pad_id=0, mask_truncated=False)
     ids, mask, sampler = batch["input_ids"], batch["response_mask"], batch["sampler_logprobs"]
     for b, r in enumerate(rollouts):
         positions = mask[b].nonzero().flatten().tolist()
         assert [ids[b, t + 1].item() for t in positions] == r.response_ids  # logits[t] predicts x[t+1]
         assert sampler[b, positions].tolist() == r.sampler_logprobs
     assert batch["advantages"].tolist() == [1.0, -1.0]
-    (masked,), = _rl_micro_batches(rollouts, {}, ranks=1, size=2, pad_id=0, mask_truncated=True)
+    (masked,), = rl_micro_batches(rollouts, {}, ranks=1, size=2, pad_id=0, mask_truncated=True)
     assert masked["response_mask"][1].sum() == 0 and masked["response_mask"][0].sum() == 2  # truncated one left out

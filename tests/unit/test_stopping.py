@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from oxrl_core.cluster.session import signals_held
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.run_folder import save_checkpoint
 from oxrl_core.loops.signals import Stopped, stop_on_signals
-from oxrl_core.placement import _signals_held
 
 
 def test_the_first_signal_during_the_steps_only_asks_the_loop_to_stop_after_its_step(tmp_path):
@@ -57,7 +57,7 @@ def test_signals_while_ray_starts_wait_for_it_then_reach_the_earlier_handler_onc
     received = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
-        with _signals_held():
+        with signals_held():
             signal.raise_signal(signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)
             assert received == []

@@ -8,7 +8,7 @@ from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-from oxrl_core.training.engine import vision_tower
+from oxrl_core.training.build import vision_tower
 from oxrl_core.training.packing import VISION_ATTENTION
 
 

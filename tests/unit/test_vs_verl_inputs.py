@@ -12,8 +12,8 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from oxrl_core.config import load_rl_config
 from oxrl_core.data.records import load_prompts
+from oxrl_core.loops.preflight import load_rl_config
 from oxrl_core.rewards import resolve_reward
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from oxrl_core.placement.watch import Deadlines, _innermost_call, collective_timeout
+from oxrl_core.cluster.watchdog import Deadlines, collective_timeout, innermost_call
 
 
 def test_a_phase_gets_four_times_the_floor_the_first_time_it_runs():
@@ -59,9 +59,9 @@ def test_the_innermost_call_of_the_main_thread_is_read_from_a_faulthandler_dump(
     done.set()
     helper.join()
     assert (tmp_path / "dump").read_text().count("hread 0x") >= 2  # more where earlier tests left threads
-    assert _innermost_call((tmp_path / "dump").read_text()) == f"waiting_in_a_collective (test_watch.py:{waiting_in_a_collective.__code__.co_firstlineno + 2})"
-    assert _innermost_call("") == ""
-    assert _innermost_call("(no stacks: a stopped process cannot answer)") == ""
+    assert innermost_call((tmp_path / "dump").read_text()) == f"waiting_in_a_collective (test_watch.py:{waiting_in_a_collective.__code__.co_firstlineno + 2})"
+    assert innermost_call("") == ""
+    assert innermost_call("(no stacks: a stopped process cannot answer)") == ""
 
 
 @pytest.mark.parametrize("floor", [-1.0])

@@ -10,9 +10,11 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from oxrl_core.cluster.placement import Placement
+from oxrl_core.cluster.watchdog import ActorWatch
 from oxrl_core.errors import OxrlError
-from oxrl_core.placement import PLACEMENT_TIMEOUT_S, Placement
-from oxrl_core.placement.watch import ActorWatch
+
+PLACEMENT_TIMEOUT_S = 120
 
 
 class Reservation:

@@ -149,13 +149,13 @@ class ActorWatch:
                 state, stacks = ray.get(answer, timeout=30)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
                 state, stacks = "unknown", f"(no stacks: {type(e).__name__})"
-            doing = _innermost_call(stacks)
+            doing = innermost_call(stacks)
             found.append((f"{watched.name} (pid {where['pid']} on {where['address']}, {state}"
                           f"{', in ' + doing if doing else ''})", stacks))
         return found
 
 
-def _innermost_call(stacks: str) -> str:
+def innermost_call(stacks: str) -> str:
     """`function (file:line)` of the main thread's innermost Python frame in a faulthandler dump ('' if none). The
     dump lists threads newest first (the signal may land on any of them): the main thread, the oldest, is last."""
     innermost = ""

@@ -54,7 +54,7 @@ class WeightChannel:
 
     def __init__(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec], bucket_bytes: int,
                  timeout: datetime.timedelta):
-        """`timeout`: how long joining, and each broadcast, may wait for the others (`watch.collective_timeout`)."""
+        """`timeout`: how long joining, and each broadcast, may wait for the others (`watchdog.collective_timeout`)."""
         store = dist.TCPStore(address, port, world, is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore("oxrl-weights", store)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

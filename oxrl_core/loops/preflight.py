@@ -1,17 +1,54 @@
-"""Checks that need more than one field or a look at the disk, run at load before any engine starts."""
+"""Before a run: its config loaded and checked (the fields that need each other, the disk, the model, the placement
+on this machine's GPUs) so that a mistake is one line before any engine starts; and what it asks of the cluster."""
 
 import os
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
 
+from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS
+from oxrl_core.cluster.placement import PlacementRequest, decide, local_gpus
+from oxrl_core.config import load_config
 from oxrl_core.config.schema import JudgeSection, RLConfig, SLConfig
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
-from oxrl_core.placement import decide, local_gpus
+from oxrl_core.training.deepspeed_setup import deepspeed_config
+from oxrl_core.training.spec import TrainerSpec
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def load_sl_config(path: Path | None, overrides: list[str]) -> tuple[SLConfig, str]:
+    """Validated SL config and the resolved model path; OxrlError on any mistake."""
+    config = load_config(SLConfig, path, overrides)
+    return config, check_config(config)
+
+
+def load_rl_config(path: Path | None, overrides: list[str]) -> tuple[RLConfig, str]:
+    config = load_config(RLConfig, path, overrides)
+    return config, check_config(config)
+
+
+def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
+    """What the run asks of the cluster: its ranks, its vLLM engines (none if its algorithm samples nothing), and
+    its LLM judge's placement (RL with `reward.func: judge` only)."""
+    rollout, samples = config.rollout, ALGORITHMS[config.train.alg].generates
+    judged = isinstance(config, RLConfig) and config.reward.func == "judge"
+    return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if samples else 0,
+                            tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
+                            judge=config.reward.judge.placement if judged else None)
+
+
+def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
+    """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models."""
+    algorithm = ALGORITHMS[config.train.alg]
+    return TrainerSpec(model=config.model, lora=config.lora, deepspeed=config.deepspeed, train=config.train,
+                       hang_timeout_s=config.run.hang_timeout_s, reference_model=algorithm.reference_model(config.train),
+                       critic=algorithm.critic, scalar_head=algorithm.scalar_head,
+                       teacher=config.train.teacher if algorithm.teacher else None,
+                       check_grad_overflow=algorithm.loop == "sl")
 
 
 def check_config(config: SLConfig | RLConfig) -> str:
@@ -35,21 +72,15 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
-        decide(config, local_gpus())
-    if isinstance(config, SLConfig) and train.alg in ("rft", "spin") and train.steps % train.iterations:
-        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); each iteration trains as many steps")
-    if isinstance(config, SLConfig) and train.alg == "spin" and config.data.val is not None:
-        raise OxrlError(f"data.val={str(config.data.val)!r}: SPIN has no held-out measure (its rejected answers are generated "
-                        f"during training); leave data.val unset")
-    if isinstance(config, SLConfig) and train.alg == "online-dpo" and config.rollout.n_samples < 2:
-        raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: Online DPO pairs the best and the worst of at least 2 samples per prompt")
-    if isinstance(config, RLConfig) and train.alg == "cispo" and train.kl_coeff > 0:
-        raise OxrlError(f"train.kl_coeff={train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a KL to the reference")
+        decide(placement_request(config), local_gpus())
+    algorithm = ALGORITHMS[train.alg]
+    if algorithm.check:
+        algorithm.check(config)
 
     env = config.rollout.env
-    if env.name is not None and (isinstance(config, SLConfig) or train.alg == "ppo"):
-        raise OxrlError(f"rollout.env.name={env.name!r}: episodes train with --alg cispo or sgrpo "
-                        f"(got {train.alg}; PPO's per-token advantages across environment turns are not built)")
+    if env.name is not None and not algorithm.episodes:
+        episodic = " or ".join(name for name in RL_ALGS if ALGORITHMS[name].episodes)
+        raise OxrlError(f"rollout.env.name={env.name!r}: episodes train with --alg {episodic} (got {train.alg})")
     if config.reward.func == "env" and env.name is None:
         raise OxrlError("reward.func=env: the environment's own reward needs an environment (rollout.env.name)")
     if env.name is not None:
@@ -73,7 +104,7 @@ def check_config(config: SLConfig | RLConfig) -> str:
     model_path = resolve_model(config.model.name_or_path)
     if config.lora.enabled:
         _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
-    if isinstance(config, SLConfig) and train.alg == "kd":
+    if algorithm.teacher:
         _check_teacher(train.teacher, model_path)
     return model_path
 
@@ -130,13 +161,10 @@ def check_zero_optimization(config: SLConfig | RLConfig) -> None:
     for key in config.deepspeed.zero_optimization:
         if key in owned:
             raise OxrlError(f"deepspeed.zero_optimization.{key}: set {owned[key]} instead")
-    from pydantic import ValidationError
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    from oxrl_core.training.engine import deepspeed_config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # here: DeepSpeed takes seconds to import
 
     try:
-        DeepSpeedZeroConfig(**deepspeed_config(config)["zero_optimization"])
+        DeepSpeedZeroConfig(**deepspeed_config(trainer_spec(config))["zero_optimization"])
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
         raise OxrlError(f"deepspeed.zero_optimization: {problems} (the keys DeepSpeed takes: "

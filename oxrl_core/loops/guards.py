@@ -1,4 +1,5 @@
-"""Stability checks the RL loop runs on every step, before any update."""
+"""The run's guards, checked by the loops on every step before any update: samples of the current policy version,
+no trained padding, no non-finite values."""
 
 import torch
 

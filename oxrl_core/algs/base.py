@@ -1,0 +1,125 @@
+"""What an algorithm file declares: its loss over one micro-batch, and one record of what the loops need to know.
+
+A loss adapter (`Algorithm.loss`) reads the model's outputs (`logprobs`, and for PPO `values` and `entropy`, all
+[B, T-1]; KD's `logits` and `teacher_logits` [B, T-1, V]; a reward model's `scores` [B]) and the micro-batch, and
+calls the algorithm's pure loss function with its typed arguments (`Algorithm.args`: hyper-parameters from the
+config's `train` section and the global batch's normalisers). Pair algorithms see one micro-batch of N pairs as 2N
+rows: the chosen sides first, then the rejected sides in the same order.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from oxrl_core.errors import OxrlError
+
+Batch = dict[str, torch.Tensor]
+LossResult = tuple[torch.Tensor, dict[str, torch.Tensor]]  # the micro-batch's share of the loss, metric sums
+
+
+@dataclass(frozen=True)
+class LossArgs:
+    """An algorithm's loss arguments: its hyper-parameters and the global batch's normalisers."""
+
+    @property
+    def entropy_grad(self) -> bool:
+        """Whether the loss takes the policy entropy's gradient (PPO's bonus); otherwise entropy is only a metric."""
+        return False
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """One optimizer step's micro-batches, every rank's: what the losses normalise by, so that the summed
+    micro-batch losses are the loss of the whole batch at once."""
+
+    micro_batches: list[Batch]
+    max_len: float = 0.0  # the constant of Dr. GRPO's token-sum normalisation (rollout.max_tokens)
+    kl_baseline: float = 0.0  # KTO's reference point z, estimated by the loop before the step
+
+    def tokens(self) -> float:
+        """Response tokens."""
+        return sum(float(b["response_mask"].sum()) for b in self.micro_batches)
+
+    def sequences(self) -> float:
+        """Rows, padding filler included (RL: the step's samples)."""
+        return float(sum(len(b["response_mask"]) for b in self.micro_batches))
+
+    def sequences_with_tokens(self) -> float:
+        """Rows that have response tokens (not filler)."""
+        return sum(float((b["response_mask"].sum(-1) > 0).sum()) for b in self.micro_batches)
+
+    def pair_halves(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per micro-batch of pairs: the chosen and rejected sides' response lengths, [N] each."""
+        return [b["response_mask"].sum(-1).chunk(2) for b in self.micro_batches]
+
+    def pairs(self) -> float:
+        """Pairs that count: both responses have tokens."""
+        return sum(float(((c > 0) & (r > 0)).sum()) for c, r in self.pair_halves())
+
+
+# Where an algorithm's reference logprobs come from. none: it has none; configurable: computed once by the
+# starting model, or by a frozen reference model at every step (`train.reference`); model: always the frozen model;
+# iteration: the policy at each iteration's start, computed then (SPIN); kl: a frozen model when `train.kl_coeff` > 0.
+Reference = Literal["none", "configurable", "model", "iteration", "kl"]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str  # what users type: --alg NAME
+    loop: Literal["sl", "rl"]
+    data: Literal["conversations", "pairs", "unpaired", "text", "prompts", "demonstrations"]  # what data.train holds
+    loss: Callable[[Batch, Batch, Any], LossResult]  # (model outputs, micro-batch, args)
+    args: Callable[[Any, GlobalBatch], LossArgs]  # (the config's train section, the step's global batch)
+    reference: Reference = "none"
+    critic: bool = False  # a value head trains beside the policy (PPO)
+    teacher: bool = False  # a frozen teacher's logits (`train.teacher`) come with the outputs (KD)
+    scalar_head: bool = False  # the model trained is a reward model: a scalar head, saved as a sequence classifier
+    # Self-play supervised algorithms: what they build from the policy's samples, and how often.
+    # passing: the samples whose reward reaches a threshold; against-demonstration: (demonstration, sample) pairs;
+    # best-over-worst: each prompt's best-rewarded sample over its worst.
+    self_play: Literal["passing", "against-demonstration", "best-over-worst"] | None = None
+    per_iteration: bool = False  # self-play: a new training set each of `train.iterations`, else every step
+    advantages: Literal["group", "gae"] | None = None  # RL: group-relative, or GAE from a critic
+    episodes: bool = False  # RL: trains on multi-turn episodes (rollout.env)
+    check: Callable[[Any], None] | None = None  # its own checks of the run config, before any engine starts
+
+    @property
+    def generates(self) -> bool:
+        """Whether a run samples from its policy with vLLM engines."""
+        return self.loop == "rl" or self.self_play is not None
+
+    @property
+    def rewards(self) -> bool:
+        """Whether its samples are scored by `reward.func` (SPIN's are not: it pairs them against demonstrations)."""
+        return self.loop == "rl" or self.self_play in ("passing", "best-over-worst")
+
+    def reference_model(self, train) -> bool:
+        """Whether a frozen copy of the starting model runs beside the policy at every step."""
+        return (self.reference == "model" or (self.reference == "configurable" and train.reference == "model")
+                or (self.reference == "kl" and train.kl_coeff > 0))
+
+    def precomputed_reference(self, train) -> bool:
+        """Whether reference logprobs are computed once, before training, by the starting weights."""
+        return self.reference == "configurable" and train.reference == "precomputed"
+
+
+def sequence_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the sum of its response tokens' logprobs and their number, both [rows]."""
+    mask = batch["response_mask"]
+    return (outputs["logprobs"] * mask).sum(-1), mask.sum(-1)
+
+
+def pair_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, ...]:
+    """(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths), each [N]."""
+    logps, lengths = sequence_sums(outputs, batch)
+    return (*logps.chunk(2), *lengths.chunk(2))
+
+
+def check_iterations(config) -> None:
+    """RFT and SPIN train `train.steps` split evenly over `train.iterations`."""
+    train = config.train
+    if train.steps % train.iterations:
+        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); "
+                        f"each iteration trains as many steps")

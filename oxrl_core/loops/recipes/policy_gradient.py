@@ -1,0 +1,258 @@
+"""Policy-gradient RL, one step top to bottom: rollout -> reward -> advantages -> train -> refresh.
+
+The phases run one after the other; after every update the new weights are streamed into the vLLM engines and the
+policy version goes up by one, and every rollout records the version that produced it. A sample can be an episode
+against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`), the same step.
+"""
+
+import time
+from functools import partial
+
+import torch
+
+from oxrl_core.algs.advantages import gae_advantages, group_advantages
+from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.data.records import PromptExample, load_prompts
+from oxrl_core.data.sampler import MixedSampler
+from oxrl_core.data.sft import SFTExample, collate_sft
+from oxrl_core.envs import resolve_env
+from oxrl_core.errors import OxrlError
+from oxrl_core.loops.guards import check_no_trained_padding, check_policy_version, non_finite
+from oxrl_core.loops.harness import Run
+from oxrl_core.rewards import RewardUnavailable
+from oxrl_core.rewards.judge import Judge
+from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
+
+
+class PolicyGradient:
+    throughput = "generate_tokens_per_s"
+
+    def __init__(self, run: Run):
+        """Reads and checks the prompts and the environment (before any engine starts)."""
+        self.run, self.alg, self.train = run, run.algorithm, run.config.train
+        self.rollout_cfg, self.env = run.config.rollout, run.config.rollout.env
+        env, data = self.env, run.config.data
+        self.new_env = partial(resolve_env(env.name, env.kwargs), **env.kwargs) if env.name else None  # an episode's
+        self.reports, self.prompt_sets = [], []
+        for source in data.train:
+            prompts, report = load_prompts(source.path, run.tokenizer, self.rollout_cfg.max_prompt_len, data.strict, self.new_env)
+            self.prompt_sets.append(prompts)
+            self.reports.append(report)
+        self.val_prompts = []
+        if data.val is not None:
+            self.val_prompts, report = load_prompts(data.val, run.tokenizer, self.rollout_cfg.max_prompt_len, data.strict,
+                                                    self.new_env)
+            self.reports.append(report)
+        self.has_val = bool(self.val_prompts)
+        self.template = TurnTemplate(run.tokenizer, self.new_env().tools) if self.new_env else None
+        self.sampler = MixedSampler([len(s) for s in self.prompt_sets], [s.ratio for s in data.train], self.train.seed)
+        if run.state:
+            self.sampler.load_state_dict(run.state["sampler"])
+        self.policy_version = run.state.get("policy_version", 0)  # updates the engines' weights have had
+        self.bad_steps, self.stopped_early = 0, None
+
+    def train_examples(self) -> int:
+        return sum(len(s) for s in self.prompt_sets)
+
+    def loop_state(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "policy_version": self.policy_version}
+
+    def start(self) -> None:
+        if self.run.state:  # the engines started from the base weights: bring them to the checkpoint's
+            self.policy_version -= 1
+            self.refresh()
+
+    def step(self, step: int) -> dict:
+        run, train, rollout_cfg, seconds = self.run, self.train, self.rollout_cfg, {}
+        run.position.policy_version = self.policy_version  # the version sampling this step
+        # 1. rollout
+        step_start = self.sampler.state_dict()
+        prompts = [self.prompt_sets[src][i] for src, i in self.sampler.next_batch(train.batch_size // rollout_cfg.n_samples)]
+        with run.position.timed(seconds, "generate"):
+            rollouts = self.generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, train.seed * 1_000_003 + step)
+        # 2. reward
+        self.score(rollouts, prompts, step, step_start, seconds)
+        # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+        per_sample = {"rewards": rewards} if self.alg.advantages == "gae" else \
+            {"advantages": group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)}
+        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly this policy version
+            check_policy_version([r.policy_version for r in rollouts], self.policy_version)
+        per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
+                                    rollout_cfg.mask_truncated)
+        old = self.old_logprobs(per_rank, seconds)
+        if self.alg.advantages == "gae":
+            gae_advantages(per_rank, train)
+        bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
+                         trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+        metrics = rollout_metrics(rollouts, rewards) | sampler_trainer_gap(per_rank, old)
+        # 4. train
+        if bad:
+            self.bad_steps += 1
+            run.console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({self.bad_steps} in a row)")
+            metrics["skipped_steps"] = self.bad_steps
+        else:
+            self.bad_steps = 0
+            metrics |= self.update(per_rank, step, seconds)
+        # 5. refresh
+        if not bad:
+            with run.position.timed(seconds, "refresh"):
+                self.refresh()
+        metrics |= phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
+        metrics["policy_version"] = self.policy_version
+        if self.bad_steps >= train.max_bad_steps:
+            run.console.print(f"[red]stopping:[/] {self.bad_steps} consecutive steps had non-finite values; checkpoint "
+                              f"of the last good weights follows")
+            self.stopped_early = f"{self.bad_steps} consecutive non-finite steps"
+        return metrics
+
+    def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
+        pool = self.run.pool
+        if self.new_env:  # each sample an episode: the policy's turns and the environment's answers between them
+            return run_episodes(pool.generate, prompts, n, temperature, seed_base, self.new_env, self.template,
+                                self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
+        return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
+
+    def score(self, rollouts: list[Rollout], prompts: list[PromptExample], step: int, step_start: dict, seconds: dict) -> None:
+        """The step's rewards. A reward engine that fails (a judge's) stops the run: nothing of this step is trained,
+        the last step's weights are kept and --resume samples this step's prompts again."""
+        run = self.run
+        try:
+            with run.position.timed(seconds, "reward"):
+                run.score(rollouts, [p.record for p in prompts], step)
+        except RewardUnavailable as e:
+            self.sampler.load_state_dict(step_start)
+            if step > run.first_step:
+                run.save(step - 1, final=False, loop_state=self.loop_state())
+            raise OxrlError(f"{e}; stopped at step {step}: " + (
+                f"step {step - 1}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
+                if step > 1 else "no step had finished, run again")) from None
+        if isinstance(run.reward_fn, Judge):
+            seconds["judge"] = run.reward_fn.engine_seconds  # part of the reward phase
+
+    def old_logprobs(self, per_rank: list[list[dict]], seconds: dict) -> list[list[torch.Tensor]]:
+        """The trainer's logprobs of the sampled tokens before the update (and PPO's old values, the reference's
+        logprobs for a KL term), attached to the micro-batches; the logprobs are also returned."""
+        group, temperature = self.run.group, self.rollout_cfg.temperature
+        with self.run.position.timed(seconds, "logprobs"):
+            if self.alg.critic:
+                scored = group.call("logprobs_and_values", per_rank, temperature=temperature)
+                old = [[logprobs for logprobs, _ in rank] for rank in scored]
+                attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
+            else:
+                old = group.call("token_logprobs", per_rank, temperature=temperature)
+            attach(per_rank, "old_logprobs", old)
+            if self.alg.reference_model(self.train):
+                attach(per_rank, "ref_logprobs", group.call("token_logprobs", per_rank, temperature=temperature, reference=True))
+        return old
+
+    def update(self, per_rank: list[list[dict]], step: int, seconds: dict) -> dict:
+        """One optimizer step on the batch; its metrics. A non-finite loss or gradient after it ends the run."""
+        batch = GlobalBatch([b for r in per_rank for b in r], max_len=float(self.rollout_cfg.max_tokens))
+        num_tokens = batch.tokens()
+        with self.run.position.timed(seconds, "train"):
+            results = self.run.group.call("train_step", per_rank, alg=self.alg.name, args=self.alg.args(self.train, batch),
+                                          temperature=self.rollout_cfg.temperature, with_entropy=True)
+        metrics = train_metrics(results, num_tokens)
+        if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
+            raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since the last "
+                               f"checkpoint are not trusted and none is written")
+        return metrics
+
+    def refresh(self) -> None:
+        self.policy_version += 1
+        self.run.pool.refresh(self.policy_version)
+
+    def evaluate(self, step: int) -> dict:
+        """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1 estimated from
+        `n_samples` samples each at the training temperature."""
+        self.run.position.phase, result = "eval", {}
+        for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
+                                    ("eval_accuracy", self.rollout_cfg.n_samples, self.rollout_cfg.temperature)):
+            rollouts = self.generate(self.val_prompts, n, temperature, seed_base=0)
+            self.run.score(rollouts, [p.record for p in self.val_prompts], step)
+            result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
+        return result
+
+
+def rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,
+                     mask_truncated: bool) -> list[list[dict]]:
+    """Samples cut into per-rank micro-batches: tokens, masks, the `per_sample` tensors ([B] each: advantages, or
+    PPO's rewards) and the sampler's logprobs placed on their prediction-aligned positions (the token at index
+    len(prompt) + j is predicted at len(prompt) + j - 1)."""
+    per_rank = len(rollouts) // ranks
+    batches = []
+    for r in range(ranks):
+        rank_batches = []
+        for start in range(r * per_rank, (r + 1) * per_rank, size):
+            chunk = rollouts[start:start + size]
+            examples = []
+            for x in chunk:
+                keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
+                sampled = x.policy_mask or [1] * len(x.response_ids)  # an episode's environment tokens never train
+                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep * s for s in sampled],
+                                           x.images))
+            batch = collate_sft(examples, pad_id)
+            check_no_trained_padding(batch["response_mask"], batch["attention_mask"])
+            sampler_logprobs = torch.zeros_like(batch["response_mask"])
+            for b, x in enumerate(chunk):
+                sampler_logprobs[b, len(x.prompt_ids) - 1:len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(x.sampler_logprobs)
+            batch["sampler_logprobs"] = sampler_logprobs
+            batch |= {key: values[start:start + size].clone() for key, values in per_sample.items()}
+            rank_batches.append(batch)
+        batches.append(rank_batches)
+    return batches
+
+
+def attach(per_rank: list[list[dict]], key: str, tensors: list[list[torch.Tensor]]) -> None:
+    """Put each rank's per-micro-batch tensors into its micro-batches under `key`."""
+    for rank_batches, rank_tensors in zip(per_rank, tensors):
+        for batch, tensor in zip(rank_batches, rank_tensors):
+            batch[key] = tensor
+
+
+def sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Tensor]]) -> dict:
+    """How far vLLM's logprobs are from the trainer's for the same tokens: mean |delta| and a k3 KL estimate."""
+    abs_sum = k3_sum = n = 0.0
+    for rank_batches, rank_logprobs in zip(per_rank, trainer):
+        for batch, logprobs in zip(rank_batches, rank_logprobs):
+            mask = batch["response_mask"] > 0
+            delta = (batch["sampler_logprobs"] - logprobs)[mask]  # log(q_sampler / p_trainer)
+            abs_sum += delta.abs().sum().item()
+            k3_sum += (torch.exp(-delta) + delta - 1).sum().item()  # KL(sampler || trainer), Schulman's k3
+            n += mask.sum().item()
+    return {"logprob_gap_abs": abs_sum / max(n, 1), "logprob_gap_kl": k3_sum / max(n, 1)}
+
+
+def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
+    lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
+    metrics = {
+        "reward_mean": rewards.mean().item(),
+        "reward_std": rewards.std(unbiased=False).item(),
+        "accuracy": (rewards >= 1.0).float().mean().item(),
+        "response_length": lengths.mean().item(),  # an episode's: its policy's and its environment's tokens
+        "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+    }
+    if rollouts[0].policy_mask is not None:  # episodes: policy messages each, and the tokens the policy sampled
+        metrics["turns"] = sum(1 + sum(a > b for a, b in zip(r.policy_mask[1:], r.policy_mask)) for r in rollouts) / len(rollouts)
+        metrics["policy_tokens"] = sum(sum(r.policy_mask) for r in rollouts) / len(rollouts)
+    return metrics
+
+
+def train_metrics(results: list[dict], num_tokens: float) -> dict:
+    metrics = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
+               "clip_frac": sum(r["clip_frac_sum"] for r in results) / num_tokens,
+               "entropy": sum(r["entropy_sum"] for r in results) / num_tokens}
+    for name in ("kl_ref", "value_loss"):
+        if f"{name}_sum" in results[0]:
+            metrics[name] = sum(r[f"{name}_sum"] for r in results) / num_tokens
+    if "peak_memory_gb" in results[0]:  # on GPU
+        metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
+    return metrics
+
+
+def phase_metrics(seconds: dict, generated_tokens: int) -> dict:
+    out = {f"time_{phase}_s": s for phase, s in seconds.items()}
+    out["generate_tokens_per_s"] = generated_tokens / max(seconds["generate"], 1e-9)
+    return out
