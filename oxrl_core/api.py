@@ -65,13 +65,13 @@ class Trainer:
             run["reward"] = {"func": "math"}
         tree = _merged(_merged(self.sections, run), sections)
         schema = RLConfig if rl else SLConfig
-        tree = _merged(_hardware_defaults(tree, schema), tree)
+        tree = _merged(hardware_defaults(tree, schema), tree)
         config = validate(schema, tree)
         model_path = check_config(config)
         return train(config, model_path, resume=False, console=console or Console())
 
 
-def _hardware_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:
+def hardware_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:
     """What a config file would say for this machine: one DeepSpeed rank per GPU (RL on 2+ GPUs leaves one to
     vLLM; on 1 GPU they share it), one rank on CPU; gradient accumulation that makes the batch add up."""
     gpus = torch.cuda.device_count()

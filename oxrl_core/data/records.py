@@ -3,13 +3,15 @@
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
 
 from oxrl_core.data.images import bind_images, has_images, image_policy, message_images
 from oxrl_core.data.sft import SFTExample, chat_template_ids, content_text, tokenize_sft
-from oxrl_core.envs import Environment
+from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -211,3 +213,17 @@ def check_problems(name: str, kept: list, problems: list, strict: bool, kind: st
         if not problems:
             raise OxrlError(f"{name}: no records; it is empty")
         raise OxrlError(f"{name}: no usable {kind} record; all {len(problems)} are bad, the first: {problems[0]}")
+
+
+def report_data(reports: list[DataReport], run_dir: Path, console: Console) -> None:
+    """Print a line per skipped record (the first few) and keep them all in the run folder."""
+    problems = [p for r in reports for p in r.problems]
+    say = partial(console.print, soft_wrap=True, highlight=False, markup=False)  # paths and records print verbatim
+    for r in reports:
+        say(f"data {r.path}: {r.kept} of {r.total} records used, {len(r.problems)} skipped")
+    for p in problems[:10]:
+        say(f"  skipped {p}")
+    if len(problems) > 10:
+        say(f"  ... and {len(problems) - 10} more (all in skipped_records.txt)")
+    if problems:
+        (run_dir / "skipped_records.txt").write_text("".join(f"{p}\n" for p in problems))

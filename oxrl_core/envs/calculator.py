@@ -4,7 +4,7 @@ The episode ends at the first assistant message without a tool call: that messag
 `reward.func` (e.g. `math`) scores against the record's.
 """
 
-from oxrl_core.envs import EnvStep, question
+from oxrl_core.envs.base import EnvStep, question
 from oxrl_core.envs.tool_calls import parse_tool_calls, run_tool_calls
 
 LIMIT = 1e12  # operands and results beyond it are refused: no tool call may cost more than a multiplication

@@ -6,7 +6,7 @@ solve by reading the environment's feedback.
 
 import re
 
-from oxrl_core.envs import EnvStep, question
+from oxrl_core.envs.base import EnvStep, question
 
 _INTEGER = re.compile(r"-?\d{1,12}")  # a hostile 5,000-digit number is read as 12-digit pieces, not parsed whole
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from oxrl_core.data.records import DataReport, PromptExample, load_prompts
 from oxrl_core.errors import OxrlError
 from oxrl_core.evaluation.passk import mean_pass_at_k
-from oxrl_core.loops.run_folder import report_data
+from oxrl_core.data.records import report_data
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.rewards import resolve_reward, score_samples

@@ -22,10 +22,10 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.data.records import DataReport
+from oxrl_core.data.records import DataReport, report_data
 from oxrl_core.loops.crash import RunPosition, crash_report
 from oxrl_core.loops.preflight import placement_request, trainer_spec
-from oxrl_core.loops.run_folder import open_run_folder, report_data, save_checkpoint
+from oxrl_core.loops.run_folder import open_run_folder, save_checkpoint
 from oxrl_core.loops.signals import StopSignals, stop_on_signals
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.rewards import resolve_reward, score_samples

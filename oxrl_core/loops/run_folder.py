@@ -4,13 +4,9 @@ import errno
 import json
 import os
 import shutil
-from functools import partial
 from pathlib import Path
 
-from rich.console import Console
-
 from oxrl_core.config.load import dump_config
-from oxrl_core.data.records import DataReport
 from oxrl_core.errors import OxrlError
 
 
@@ -75,17 +71,3 @@ def refuse_overwrite(ds_dir: Path) -> dict:
     if (ds_dir / "latest").is_file():
         raise OxrlError(f"run.name: {ds_dir.parent} already holds a run; pass --resume to continue it or choose another run.name")
     return {}
-
-
-def report_data(reports: list[DataReport], run_dir: Path, console: Console) -> None:
-    """Print a line per skipped record (the first few) and keep them all in the run folder."""
-    problems = [p for r in reports for p in r.problems]
-    say = partial(console.print, soft_wrap=True, highlight=False, markup=False)  # paths and records print verbatim
-    for r in reports:
-        say(f"data {r.path}: {r.kept} of {r.total} records used, {len(r.problems)} skipped")
-    for p in problems[:10]:
-        say(f"  skipped {p}")
-    if len(problems) > 10:
-        say(f"  ... and {len(problems) - 10} more (all in skipped_records.txt)")
-    if problems:
-        (run_dir / "skipped_records.txt").write_text("".join(f"{p}\n" for p in problems))

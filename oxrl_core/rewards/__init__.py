@@ -8,28 +8,17 @@ which the RL loop then calls once per step instead.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 from oxrl_core.errors import OxrlError
 from oxrl_core.imports import shipped_or_imported
+from oxrl_core.rewards.base import RewardUnavailable, Unscored
 from oxrl_core.rewards.code import check_sandbox, code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
 
 RewardFn = Callable[[str, dict], float]
 REWARDS: dict[str, RewardFn] = {"math": math_reward, "gsm8k": gsm8k_reward, "format": format_reward, "code": code_reward}
 REWARD_MODEL_KWARGS = ("path", "batch_size")
-
-
-@dataclass(frozen=True)
-class Unscored:
-    """What `score_batch` gives for a sample it could not score: why. The sample gets `reward.on_error`."""
-
-    reason: str
-
-
-class RewardUnavailable(OxrlError):
-    """The reward's own engine failed (a judge's vLLM died): no sample of the step can be scored."""
 
 
 def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:

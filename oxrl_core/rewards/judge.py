@@ -28,7 +28,7 @@ from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.tokenizer import load_tokenizer
-from oxrl_core.rewards import RewardUnavailable, Unscored
+from oxrl_core.rewards.base import RewardUnavailable, Unscored
 from oxrl_core.rollout.engine import RolloutEngine, start_error
 
 TEMPLATES = {

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from oxrl_core.data.records import PromptExample
-from oxrl_core.envs import Environment
+from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
 from oxrl_core.rollout.engine import Rollout
 

@@ -101,9 +101,9 @@ def test_shipped_completion_scripts_match_the_app(oxrl, shell):
 
 
 @pytest.mark.parametrize("words, expected", [
-    ("oxrl train sl --alg ", ["sft", "dpo", "ipo", "orpo", "kto", "simpo", "cpt", "kd", "rm", "rft", "spin", "online-dpo"]),
+    ("oxrl train sl --alg ", ["sft", "cpt", "dpo", "ipo", "kd", "kto", "online-dpo", "orpo", "rft", "rm", "simpo", "spin"]),
     ("oxrl train sl --alg s", ["sft", "simpo", "spin"]),
-    ("oxrl train rl --alg ", ["sgrpo", "cispo", "ppo"]),
+    ("oxrl train rl --alg ", ["cispo", "ppo", "sgrpo"]),
 ])
 def test_alg_completes_the_algorithm_names(oxrl, words, expected):
     # what the shipped bash script asks the app for at a TAB

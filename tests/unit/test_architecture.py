@@ -213,3 +213,17 @@ def test_tests_and_benchmarks_import_only_public_names_of_oxrl_core():
                                 for alias in node.names
                                 if alias.name.startswith("_") and not (alias.name.startswith("__") and alias.name.endswith("__"))]
     assert private == [], "private names imported:\n" + "\n".join(private)
+
+
+def test_the_loops_read_in_short_functions_without_shared_mutable_closures():
+    """No function in loops/ over 80 lines, and none that rebinds a variable of the function around it (`nonlocal`):
+    a step's state lives on its recipe, where it is named."""
+    long, rebinding = [], []
+    for path in sorted((REPO / "oxrl_core" / "loops").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{where} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+            if isinstance(node, ast.Nonlocal):
+                rebinding.append(f"{where} nonlocal {', '.join(node.names)}")
+    assert long == [] and rebinding == [], long + rebinding

@@ -8,7 +8,8 @@ import torch
 
 from oxrl_core.algs.cispo import cispo_loss
 from oxrl_core.data.records import PromptExample
-from oxrl_core.envs import EnvStep, resolve_env
+from oxrl_core.envs import resolve_env
+from oxrl_core.envs.base import EnvStep
 from oxrl_core.envs.calculator import Calculator
 from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls

@@ -11,7 +11,8 @@ from oxrl_core.cluster.placement import decide
 from oxrl_core.config.schema import JudgeSection, RLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.preflight import load_rl_config, placement_request
-from oxrl_core.rewards import RewardUnavailable, Unscored, resolve_reward, score_samples
+from oxrl_core.rewards import resolve_reward, score_samples
+from oxrl_core.rewards.base import RewardUnavailable, Unscored
 from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_score, parse_verdict, prompt_text, render
 
 QUESTION = {"prompt": "What is 2 + 3?", "answer": "5"}

@@ -19,7 +19,7 @@ from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.guards import check_no_trained_padding, check_policy_version, non_finite
 from oxrl_core.loops.harness import Run
-from oxrl_core.rewards import RewardUnavailable
+from oxrl_core.rewards.base import RewardUnavailable
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
