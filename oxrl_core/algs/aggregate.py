@@ -4,9 +4,12 @@ The normalisers count the *global* batch (all micro-batches and ranks), so
 summing this over micro-batches gives the loss of the whole batch at once.
 """
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from oxrl_core.algs.base import GlobalBatch, LossArgs
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -27,3 +30,21 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":  # Dr. GRPO: no length bias from a per-sequence mean
         return (summed / max_len).sum() / num_seqs
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+@dataclass(frozen=True)
+class PolicyLossArgs(LossArgs):
+    """What every clipped policy loss (SGRPO, CISPO, PPO) takes: its clip range, its aggregation and the normalisers."""
+
+    clip_low: float
+    clip_high: float
+    loss_agg: LossAgg
+    num_tokens: float  # response tokens in the global batch
+    num_seqs: float  # samples in the global batch
+    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
+
+    @staticmethod
+    def common(train, batch: GlobalBatch) -> dict:
+        """These fields from the config's `train` section and the step's batch."""
+        return dict(clip_low=train.clip_low, clip_high=train.clip_high, loss_agg=train.loss_agg, num_tokens=batch.tokens(),
+                    num_seqs=batch.sequences(), max_len=batch.max_len)

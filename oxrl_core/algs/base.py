@@ -8,7 +8,7 @@ rows: the chosen sides first, then the rejected sides in the same order.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
@@ -27,6 +27,11 @@ class LossArgs:
     def entropy_grad(self) -> bool:
         """Whether the loss takes the policy entropy's gradient (PPO's bonus); otherwise entropy is only a metric."""
         return False
+
+
+@dataclass(frozen=True)
+class PairArgs(LossArgs):
+    num_pairs: float  # pairs in the global batch whose responses both have tokens
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,12 @@ def pair_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, ...]:
     """(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths), each [N]."""
     logps, lengths = sequence_sums(outputs, batch)
     return (*logps.chunk(2), *lengths.chunk(2))
+
+
+def reference_pair_loss(pair_loss: Callable, outputs: Batch, batch: Batch, args: LossArgs) -> LossResult:
+    """A pair loss against reference logprobs (DPO, IPO): the policy's sequence sums and lengths, then the reference's."""
+    chosen, rejected, chosen_len, rejected_len = pair_sums(outputs, batch)
+    return pair_loss(chosen, rejected, *batch["ref_logps"].chunk(2), chosen_len, rejected_len, **asdict(args))
 
 
 def check_iterations(config) -> None:

@@ -4,12 +4,12 @@ Per token: -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A * logp_t. The weight 
 detached, never the token: unlike PPO, tokens outside the trust region still pass a gradient.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, aggregate
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.errors import OxrlError
 
 
@@ -29,23 +29,12 @@ def cispo_loss(
     return loss, {"clip_frac_sum": (clipped * mask).sum()}
 
 
-@dataclass(frozen=True)
-class CISPOArgs(LossArgs):
-    clip_low: float
-    clip_high: float
-    loss_agg: LossAgg
-    num_tokens: float  # response tokens in the global batch
-    num_seqs: float  # samples in the global batch
-    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
-
-
-def batch_loss(outputs: Batch, batch: Batch, args: CISPOArgs) -> LossResult:
+def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult:
     return cispo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> CISPOArgs:
-    return CISPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, loss_agg=train.loss_agg,
-                     num_tokens=batch.tokens(), num_seqs=batch.sequences(), max_len=batch.max_len)
+def make_args(train, batch: GlobalBatch) -> PolicyLossArgs:
+    return PolicyLossArgs(**PolicyLossArgs.common(train, batch))
 
 
 def check(config) -> None:

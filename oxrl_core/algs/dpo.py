@@ -9,12 +9,12 @@ flipped with probability ls, so the loss stops rewarding ever larger margins. ls
 paper's loss. The implicit reward of a response is beta * (lp - ref).
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -38,15 +38,13 @@ def dpo_loss(
 
 
 @dataclass(frozen=True)
-class DPOArgs(LossArgs):
+class DPOArgs(PairArgs):
     beta: float
     label_smoothing: float
-    num_pairs: float  # pairs in the global batch whose responses both have tokens
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: DPOArgs) -> LossResult:
-    chosen, rejected, chosen_len, rejected_len = pair_sums(outputs, batch)
-    return dpo_loss(chosen, rejected, *batch["ref_logps"].chunk(2), chosen_len, rejected_len, **asdict(args))
+    return reference_pair_loss(dpo_loss, outputs, batch, args)
 
 
 def make_args(train, batch: GlobalBatch) -> DPOArgs:

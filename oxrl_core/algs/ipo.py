@@ -10,11 +10,11 @@ without bound. This follows the paper's formula; TRL instead length-normalises t
 (mean token logprob) for IPO. Rewards for the metrics are beta * (lp - ref), as in DPO.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -39,14 +39,12 @@ def ipo_loss(
 
 
 @dataclass(frozen=True)
-class IPOArgs(LossArgs):
+class IPOArgs(PairArgs):
     beta: float
-    num_pairs: float  # pairs in the global batch whose responses both have tokens
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: IPOArgs) -> LossResult:
-    chosen, rejected, chosen_len, rejected_len = pair_sums(outputs, batch)
-    return ipo_loss(chosen, rejected, *batch["ref_logps"].chunk(2), chosen_len, rejected_len, **asdict(args))
+    return reference_pair_loss(ipo_loss, outputs, batch, args)
 
 
 def make_args(train, batch: GlobalBatch) -> IPOArgs:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -44,9 +44,8 @@ def orpo_loss(
 
 
 @dataclass(frozen=True)
-class ORPOArgs(LossArgs):
+class ORPOArgs(PairArgs):
     lam: float
-    num_pairs: float  # pairs in the global batch whose responses both have tokens
     num_chosen_tokens: float  # the chosen responses' tokens of those pairs
 
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, aggregate
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 
 
 def ppo_loss(
@@ -38,16 +38,10 @@ def ppo_loss(
 
 
 @dataclass(frozen=True)
-class PPOArgs(LossArgs):
-    clip_low: float
-    clip_high: float
+class PPOArgs(PolicyLossArgs):
     value_clip: float
     vf_coeff: float
     entropy_coeff: float
-    loss_agg: LossAgg
-    num_tokens: float  # response tokens in the global batch
-    num_seqs: float  # samples in the global batch
-    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
 
     @property
     def entropy_grad(self) -> bool:
@@ -60,9 +54,8 @@ def batch_loss(outputs: Batch, batch: Batch, args: PPOArgs) -> LossResult:
 
 
 def make_args(train, batch: GlobalBatch) -> PPOArgs:
-    return PPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, value_clip=train.value_clip, vf_coeff=train.vf_coeff,
-                   entropy_coeff=train.entropy_coeff, loss_agg=train.loss_agg, num_tokens=batch.tokens(),
-                   num_seqs=batch.sequences(), max_len=batch.max_len)
+    return PPOArgs(value_clip=train.value_clip, vf_coeff=train.vf_coeff, entropy_coeff=train.entropy_coeff,
+                   **PolicyLossArgs.common(train, batch))
 
 
 # Episodes: PPO's per-token advantages across environment turns are not built.

@@ -5,12 +5,12 @@ preferred the chosen response more clearly (Llama 2, Touvron et al. 2023, arXiv 
 margin 0 is InstructGPT's loss. The scores are the rewards reported.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -31,18 +31,13 @@ def rm_loss(
     return loss, pair_metrics(reward_chosen, reward_rejected, valid)
 
 
-@dataclass(frozen=True)
-class RMArgs(LossArgs):
-    num_pairs: float  # pairs in the global batch whose responses both have tokens
-
-
-def batch_loss(outputs: Batch, batch: Batch, args: RMArgs) -> LossResult:
+def batch_loss(outputs: Batch, batch: Batch, args: PairArgs) -> LossResult:
     chosen_len, rejected_len = batch["response_mask"].sum(-1).chunk(2)
     return rm_loss(*outputs["scores"].float().chunk(2), batch["margin"], chosen_len, rejected_len, **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> RMArgs:
-    return RMArgs(num_pairs=batch.pairs())
+def make_args(train, batch: GlobalBatch) -> PairArgs:
+    return PairArgs(num_pairs=batch.pairs())
 
 
 ALGORITHM = Algorithm("rm", "sl", "pairs", batch_loss, make_args, scalar_head=True)

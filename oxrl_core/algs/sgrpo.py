@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, aggregate
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 
 
 def sgrpo_loss(
@@ -39,14 +39,8 @@ def sgrpo_loss(
 
 
 @dataclass(frozen=True)
-class SGRPOArgs(LossArgs):
-    clip_low: float
-    clip_high: float
+class SGRPOArgs(PolicyLossArgs):
     kl_coeff: float
-    loss_agg: LossAgg
-    num_tokens: float  # response tokens in the global batch
-    num_seqs: float  # samples in the global batch
-    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
@@ -55,8 +49,7 @@ def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
 
 
 def make_args(train, batch: GlobalBatch) -> SGRPOArgs:
-    return SGRPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, kl_coeff=train.kl_coeff, loss_agg=train.loss_agg,
-                     num_tokens=batch.tokens(), num_seqs=batch.sequences(), max_len=batch.max_len)
+    return SGRPOArgs(kl_coeff=train.kl_coeff, **PolicyLossArgs.common(train, batch))
 
 
 ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True)

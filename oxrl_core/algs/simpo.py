@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, pair_sums
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
 
 
@@ -35,10 +35,9 @@ def simpo_loss(
 
 
 @dataclass(frozen=True)
-class SimPOArgs(LossArgs):
+class SimPOArgs(PairArgs):
     beta: float
     gamma: float
-    num_pairs: float  # pairs in the global batch whose responses both have tokens
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: SimPOArgs) -> LossResult:

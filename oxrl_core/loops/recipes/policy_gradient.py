@@ -5,7 +5,6 @@ policy version goes up by one, and every rollout records the version that produc
 against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`), the same step.
 """
 
-import time
 from functools import partial
 
 import torch

@@ -5,7 +5,6 @@ training set at the start of each of `train.iterations`; Online DPO pairs each p
 every step. The steps then train as offline supervised ones do (`supervised.py`).
 """
 
-import time
 from pathlib import Path
 
 import torch
