@@ -1,4 +1,4 @@
-"""Turning per-token losses into one number, explicitly (DESIGN.md "Loss aggregation").
+"""Turning per-token losses into one number, explicitly (ARCHITECTURE.md, "Conventions").
 
 The normalisers count the *global* batch (all micro-batches and ranks), so
 summing this over micro-batches gives the loss of the whole batch at once.

@@ -26,7 +26,7 @@ KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 
 @dataclass
 class Rollout:
-    """One sampled completion: enough to replay a training step (DESIGN.md)."""
+    """One sampled completion: enough to replay a training step (ARCHITECTURE.md, "Conventions")."""
 
     group: int  # index of the prompt in this step's batch
     prompt_ids: list[int]
