@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -101,9 +103,9 @@ def test_shipped_completion_scripts_match_the_app(oxrl, shell):
 
 
 @pytest.mark.parametrize("words, expected", [
-    ("oxrl train sl --alg ", ["sft", "cpt", "dpo", "ipo", "kd", "kto", "online-dpo", "orpo", "rft", "rm", "simpo", "spin"]),
+    ("oxrl train sl --alg ", list(SL_ALGS)),  # every registered name of the loop, its default first
     ("oxrl train sl --alg s", ["sft", "simpo", "spin"]),
-    ("oxrl train rl --alg ", ["cispo", "ppo", "sgrpo"]),
+    ("oxrl train rl --alg ", list(RL_ALGS)),
 ])
 def test_alg_completes_the_algorithm_names(oxrl, words, expected):
     # what the shipped bash script asks the app for at a TAB
