@@ -1,0 +1,66 @@
+"""GRPO as DeepSeekMath defines it (Shao et al. 2024, arXiv 2402.03300, eq. 3), with TRL's `grpo` loss aggregation.
+
+Per token, with r_t = exp(logp_t - old_logp_t) and the group-relative advantage A of its sample:
+
+    -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + beta * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+
+averaged over each sample's tokens, then over the samples. The clip is symmetric (eps = train.clip_low) and the
+aggregation fixed; SGRPO (`sgrpo.py`) is the same surrogate with DAPO's asymmetric clip and a chosen aggregation.
+"""
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.errors import OxrlError
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B] one per sequence
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when beta == 0
+    *, epsilon: float, beta: float, num_seqs: float,
+) -> LossResult:
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
+    adv = advantages[:, None]  # [B, 1]
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv)  # [B, T-1]
+    metrics = {}
+    if beta > 0:
+        log_ratio_ref = ref_logprobs - logprobs
+        k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
+        per_token = per_token + beta * k3
+        metrics["kl_ref_sum"] = (k3 * mask).sum().detach()
+    per_sequence = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B] token mean of each sample
+    clipped = ((ratio < 1 - epsilon) | (ratio > 1 + epsilon)).float()
+    return per_sequence.sum() / num_seqs, metrics | {"clip_frac_sum": (clipped * mask).sum()}
+
+
+@dataclass(frozen=True)
+class GRPOArgs(LossArgs):
+    epsilon: float  # the clip range, both sides
+    beta: float  # weight of the KL to the reference
+    num_seqs: float  # samples in the global batch
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: GRPOArgs) -> LossResult:
+    return grpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                     batch.get("ref_logprobs"), **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> GRPOArgs:
+    return GRPOArgs(epsilon=train.clip_low, beta=train.kl_coeff, num_seqs=batch.sequences())
+
+
+def check(config) -> None:
+    """GRPO's clip is symmetric and its aggregation fixed: a setting of either would be ignored, so it is refused."""
+    for key, why in (("clip_high", "GRPO clips symmetrically at 1 ± train.clip_low"),
+                     ("loss_agg", "GRPO averages each sample's tokens, then the samples")):
+        if key in config.train.model_fields_set:
+            raise OxrlError(f"train.{key}={getattr(config.train, key)!r}: {why}; use --alg sgrpo to choose it")
+
+
+ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True,
+                      check=check)
