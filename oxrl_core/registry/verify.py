@@ -20,7 +20,7 @@ RL_STEP = ["train.steps=1", "run.train_ranks=1", "train.batch_size=4", "train.mi
 
 def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Console) -> RegistryEntry:
     """The entry marked verified with today's date and the versions used; OxrlError if a step fails."""
-    from oxrl_core.loops.train import train
+    from oxrl_core.loops.train import train  # here: the loops import torch and Ray, which `oxrl onboard` need not
 
     with tempfile.TemporaryDirectory(prefix="oxrl-verify-") as runs:  # the checkpoints are not kept
         console.rule(f"verify 1/2: one SFT step on {entry.model}")
