@@ -54,8 +54,9 @@ def train(model_path: str, variant: str) -> dict:
     tokens, attention within each, the padding at the end a sequence of its own: fixed shapes too, as token-count
     buckets would make them) or packed-graphed. Mode: default, reduce-overhead or none. Optimizer: torch (fused
     AdamW on the bf16 weights), master (plain torch with float32 master weights: what a bf16 run needs),
-    deepspeed (ZeRO-1, bf16 with float32 master weights, as rl_step.py configures oxrl), deepspeed-nocheck
-    (the same without its overflow check) or deepspeed-fp32acc (the gradients accumulated in float32)."""
+    deepspeed (ZeRO-1, bf16 with float32 master weights and DeepSpeed's overflow check: `deepspeed_config` for an
+    SL run), deepspeed-nocheck (the same without the check: for an RL run, as rl_step.py runs oxrl) or
+    deepspeed-fp32acc (the SL run's, with the gradients accumulated in float32)."""
     from transformers import AutoModelForCausalLM
 
     from oxrl_core.training.fused_head import fused_token_logprobs
@@ -99,13 +100,18 @@ def train(model_path: str, variant: str) -> dict:
     if deepspeed_engine:
         import deepspeed
 
+        from oxrl_core.config.schema import RLConfig, SLConfig
+        from oxrl_core.loops.preflight import trainer_spec
+        from oxrl_core.training.deepspeed_setup import deepspeed_config
+
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": ACCUM,
-                  "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
-                  "steps_per_print": 10**9}
-        if optimizer_kind == "deepspeed-nocheck":  # bf16 needs no loss scale; DeepSpeed checks for overflow anyway
-            config["bf16"]["check_grad_overflow"] = False
-        elif optimizer_kind == "deepspeed-fp32acc":  # micro-batch gradients summed in float32
+        # oxrl's own DeepSpeed config for this run; an RL run drops the bf16 overflow check, an SL run keeps it
+        run = (RLConfig if optimizer_kind == "deepspeed-nocheck" else SLConfig).model_validate({
+            "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": 1},
+            "train": {"batch_size": MICRO_BATCH * ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": ACCUM,
+                      "max_grad_norm": 1.0}})
+        config = deepspeed_config(trainer_spec(run))
+        if optimizer_kind == "deepspeed-fp32acc":  # the probe's variable: micro-batch gradients summed in float32
             config["data_types"] = {"grad_accum_dtype": "fp32"}
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=list(model.parameters()),

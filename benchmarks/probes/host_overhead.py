@@ -7,10 +7,11 @@ micro-batches of 2 x 16 tokens, gradient accumulation 8, bf16, one rank:
 
 - plain torch (AdamW, foreach, on the bf16 weights), plain torch as a fair bf16 trainer does it (`master`: float32
   master weights, the gradients cast to them, clipped, AdamW, the bf16 weights copied back) against DeepSpeed with
-  ZeRO 0-3 configured as `deepspeed_config` does (bf16, gradient clipping, torch AdamW as the client optimizer); and
-  with the decoder layers compiled as oxrl compiles them (`compile_blocks`, inductor), where ZeRO-3's hooks on every
-  linear layer cut each layer's graph into pieces; and ZeRO-3 with each decoder layer one of its leaf modules
-  (`set_z3_leaf_modules`: one gather and one release a layer, no hooks inside it), alone and compiled;
+  ZeRO 0-3 configured as `deepspeed_config` does for an SL run (bf16 with the overflow check, gradient clipping),
+  torch AdamW as the client optimizer; and with the decoder layers compiled as oxrl compiles them (`compile_blocks`,
+  inductor), where ZeRO-3's hooks on every linear layer cut each layer's graph into pieces; and ZeRO-3 with each
+  decoder layer one of its leaf modules (`set_z3_leaf_modules`: one gather and one release a layer, no hooks inside
+  it), alone and compiled;
 - per accumulating micro-batch (forward + backward + DeepSpeed's step call, no optimizer step): the median host
   seconds, and the aten ops that do work (views and metadata left out; the work inside them, a cast inside `to`,
   counted), counted by torch.profiler;
@@ -64,7 +65,10 @@ def measure(variant: str, profile: bool) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from oxrl_core.config.schema import SLConfig
+    from oxrl_core.loops.preflight import trainer_spec
     from oxrl_core.training.build import compile_blocks
+    from oxrl_core.training.deepspeed_setup import deepspeed_config
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -105,10 +109,12 @@ def measure(variant: str, profile: bool) -> dict:
         import deepspeed
         from transformers.integrations import HfDeepSpeedConfig
 
-        config = {"train_batch_size": MICRO_BATCH * GRAD_ACCUM, "train_micro_batch_size_per_gpu": MICRO_BATCH,
-                  "gradient_accumulation_steps": GRAD_ACCUM, "gradient_clipping": 1.0,
-                  "zero_optimization": {"stage": int(stage[-1])}, "bf16": {"enabled": True},
-                  "steps_per_print": 10**9, "wall_clock_breakdown": False}
+        run = SLConfig.model_validate({  # bf16 with DeepSpeed's overflow check, as an SL run has it
+            "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"},
+            "deepspeed": {"zero_stage": int(stage[-1])},
+            "train": {"batch_size": MICRO_BATCH * GRAD_ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": GRAD_ACCUM,
+                      "max_grad_norm": 1.0}})
+        config = deepspeed_config(trainer_spec(run))
         deepspeed.init_distributed(dist_backend="gloo")
         keep = HfDeepSpeedConfig(config)  # noqa: F841 (ZeRO-3 builds the model partitioned while it lives)
         model = Qwen2ForCausalLM(shape).to(torch.bfloat16)

@@ -105,7 +105,7 @@ class Recipe(Protocol):
 
 
 def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, console: Console,
-          make_recipe: Callable[[Run], Recipe], on_step: StepHook | None = None) -> dict:
+               make_recipe: Callable[[Run], Recipe], on_step: StepHook | None = None) -> dict:
     """Run `config` to its end (or a signal's stop) and return its summary, also written to summary.json."""
     algorithm = ALGORITHMS[config.train.alg]
     run_dir, _, state, config_yaml = open_run_folder(config, resume)
