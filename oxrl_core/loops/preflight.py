@@ -79,7 +79,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
 
     env = config.rollout.env
     if env.name is not None and not algorithm.episodes:
-        episodic = " or ".join(name for name in RL_ALGS if ALGORITHMS[name].episodes)
+        *others, last = [name for name in RL_ALGS if ALGORITHMS[name].episodes]
+        episodic = f"{', '.join(others)} or {last}" if others else last
         raise OxrlError(f"rollout.env.name={env.name!r}: episodes train with --alg {episodic} (got {train.alg})")
     if config.reward.func == "env" and env.name is None:
         raise OxrlError("reward.func=env: the environment's own reward needs an environment (rollout.env.name)")
