@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.kl import k3
 from oxrl_core.errors import OxrlError
 
 
@@ -29,10 +30,9 @@ def grpo_loss(
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv)  # [B, T-1]
     metrics = {}
     if beta > 0:
-        log_ratio_ref = ref_logprobs - logprobs
-        k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
-        per_token = per_token + beta * k3
-        metrics["kl_ref_sum"] = (k3 * mask).sum().detach()
+        kl = k3(logprobs, ref_logprobs)  # [B, T-1]
+        per_token = per_token + beta * kl
+        metrics["kl_ref_sum"] = (kl * mask).sum().detach()
     per_sequence = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B] token mean of each sample
     clipped = ((ratio < 1 - epsilon) | (ratio > 1 + epsilon)).float()
     return per_sequence.sum() / num_seqs, metrics | {"clip_frac_sum": (clipped * mask).sum()}

@@ -1,6 +1,14 @@
-"""The per-token KL between two models' full next-token distributions (knowledge distillation's soft term)."""
+"""KL between the policy and another model: k3 at the sampled tokens (the KL terms of GRPO and SGRPO), and the
+per-token KL between two full next-token distributions (knowledge distillation's soft term)."""
 
 import torch
+
+
+def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] -> [B, T-1]: Schulman's k3 estimate of KL(policy || reference) at each sampled token,
+    exp(ref - logp) - (ref - logp) - 1: unbiased and never negative."""
+    log_ratio_ref = ref_logprobs - logprobs
+    return torch.exp(log_ratio_ref) - log_ratio_ref - 1
 
 
 def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

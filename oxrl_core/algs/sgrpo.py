@@ -11,6 +11,7 @@ import torch
 
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
+from oxrl_core.algs.kl import k3
 
 
 def sgrpo_loss(
@@ -28,10 +29,9 @@ def sgrpo_loss(
     per_token = -surrogate
     metrics = {}
     if kl_coeff > 0:
-        log_ratio_ref = ref_logprobs - logprobs
-        k3 = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # unbiased, non-negative KL estimate (Schulman)
-        per_token = per_token + kl_coeff * k3
-        metrics["kl_ref_sum"] = (k3 * mask).sum().detach()
+        kl = k3(logprobs, ref_logprobs)  # [B, T-1]
+        per_token = per_token + kl_coeff * kl
+        metrics["kl_ref_sum"] = (kl * mask).sum().detach()
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     metrics["clip_frac_sum"] = (clipped * mask).sum()
