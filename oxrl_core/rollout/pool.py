@@ -22,7 +22,8 @@ class RolloutPool:
         """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
         sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
         one line, `start_error`), then connects them to the trainer for weight refreshes."""
-        r, self.rollout, self.group, self.watch = rollout, rollout, group, reservation.watch
+        r = self.rollout = rollout
+        self.group, self.watch = group, reservation.watch
         self.placement, tp = reservation.placement, r.tensor_parallel_size
         self.engines, logs = [], []  # engines: each its workers, tensor-parallel rank 0 first
         max_model_len = r.max_prompt_len + (r.env.max_episode_tokens if r.env.name else r.max_tokens)

@@ -1,8 +1,9 @@
-"""Fingerprints: the numbers each algorithm's integration run gave before the code was restructured.
+"""Fingerprints: the numbers each algorithm's integration run gives, recorded (2026-11-28, a 2-core Intel Xeon CPU)
+so that a change meant to keep them (a refactor, a move) is caught when it does not.
 
 The integration tests that train an algorithm pass their run's summary here. Every number of every step (the loss,
 grad norm, rewards, PPO's value loss, the judge's and the reward model's scores through `reward_mean`, the eval
-metrics), timings and memory aside, must equal the recorded one within 1e-6 relative: the computation did not change
+metrics), timings and memory aside, must equal the recorded one within 1e-6 relative
 (the recorded runs gave bit-equal numbers on the machine that recorded them; 1e-6 leaves room only for a changed
 order of float operations). The numbers of a float32 CPU run depend on the CPU's kernels (AVX2 or AVX-512), and a
 sampled token may flip with them: the comparison runs on the CPU model that recorded them.
