@@ -1,4 +1,5 @@
-"""Turning per-token losses into one number, explicitly (ARCHITECTURE.md, "Conventions").
+"""What the clipped policy losses share: PPO's clipped surrogate, and turning per-token losses into one number,
+explicitly (ARCHITECTURE.md, "Conventions").
 
 The normalisers count the *global* batch (all micro-batches and ranks), so
 summing this over micro-batches gives the loss of the whole batch at once.
@@ -30,6 +31,17 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":  # Dr. GRPO: no length bias from a per-sequence mean
         return (summed / max_len).sum() / num_seqs
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,  # [B, T-1] per token, or [B, 1] per sequence: pi / pi_old
+    advantages: torch.Tensor,  # broadcasts against ratio: [B, 1] per sequence or [B, T-1] per token
+    clip_low: float, clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic objective as a loss, -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) (Schulman et al.
+    2017, arXiv 1707.06347), and 1.0 where the ratio left the clip range."""
+    loss = -torch.minimum(ratio * advantages, ratio.clamp(1 - clip_low, 1 + clip_high) * advantages)
+    return loss, ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ config's `train` section and the global batch's normalisers). Pair algorithms se
 rows: the chosen sides first, then the rejected sides in the same order.
 """
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -68,6 +68,9 @@ class GlobalBatch:
 # starting model, or by a frozen reference model at every step (`train.reference`); model: always the frozen model;
 # iteration: the policy at each iteration's start, computed then (SPIN); kl: a frozen model when `train.kl_coeff` > 0.
 Reference = Literal["none", "configurable", "model", "iteration", "kl"]
+# RL: how the advantages are estimated (`advantages.ESTIMATORS`): group-relative (GRPO's), leave-one-out (RLOO), the
+# batch-normalised discounted return with or without a group baseline (REINFORCE++), or GAE from a critic (PPO).
+Estimator = Literal["group", "leave-one-out", "reinforce++", "reinforce++-baseline", "gae"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,12 @@ class Algorithm:
     # best-over-worst: each prompt's best-rewarded sample over its worst.
     self_play: Literal["passing", "against-demonstration", "best-over-worst"] | None = None
     per_iteration: bool = False  # self-play: a new training set each of `train.iterations`, else every step
-    advantages: Literal["group", "gae"] | None = None  # RL: group-relative, or GAE from a critic
+    advantages: Estimator | None = None  # RL
     episodes: bool = False  # RL: trains on multi-turn episodes (rollout.env)
+    # RL: a group whose samples all got the same reward carries no signal; it is dropped and more prompts are sampled
+    # until the batch is full (DAPO's dynamic sampling, at most `rollout.max_sampling_rounds` rounds a step)
+    dynamic_sampling: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # `train` settings it runs with unless the config sets them
     check: Callable[[Any], None] | None = None  # its own checks of the run config, before any engine starts
 
     @property

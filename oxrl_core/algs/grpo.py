@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.kl import k3
 from oxrl_core.errors import OxrlError
@@ -22,19 +23,19 @@ def grpo_loss(
     old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when beta == 0
     *, epsilon: float, beta: float, num_seqs: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
-    adv = advantages[:, None]  # [B, 1]
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv)  # [B, T-1]
+    per_token, clipped = clipped_surrogate(ratio, advantages[:, None], epsilon, epsilon)  # [B, T-1] each
+    per_token = per_token * is_weights
     metrics = {}
     if beta > 0:
         kl = k3(logprobs, ref_logprobs)  # [B, T-1]
         per_token = per_token + beta * kl
         metrics["kl_ref_sum"] = (kl * mask).sum().detach()
     per_sequence = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B] token mean of each sample
-    clipped = ((ratio < 1 - epsilon) | (ratio > 1 + epsilon)).float()
     return per_sequence.sum() / num_seqs, metrics | {"clip_frac_sum": (clipped * mask).sum()}
 
 
@@ -47,7 +48,7 @@ class GRPOArgs(LossArgs):
 
 def batch_loss(outputs: Batch, batch: Batch, args: GRPOArgs) -> LossResult:
     return grpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                     batch.get("ref_logprobs"), **asdict(args))
+                     batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
 
 
 def make_args(train, batch: GlobalBatch) -> GRPOArgs:

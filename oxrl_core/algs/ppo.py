@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 
 
@@ -16,6 +16,7 @@ def ppo_loss(
     old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
     advantages: torch.Tensor,  # [B, T-1] per token, from GAE
     mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     values: torch.Tensor,  # [B, T-1] current critic
     old_values: torch.Tensor,  # [B, T-1] critic when the advantages were computed
     returns: torch.Tensor,  # [B, T-1] GAE returns (A + V_old)
@@ -23,13 +24,12 @@ def ppo_loss(
     *, clip_low: float, clip_high: float, value_clip: float, vf_coeff: float, entropy_coeff: float,
     loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    ratio = torch.exp(logprobs - old_logprobs)
-    policy = -torch.minimum(ratio * advantages, ratio.clamp(1 - clip_low, 1 + clip_high) * advantages)
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
+    policy, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
     clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
     value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
-    per_token = policy + vf_coeff * value - entropy_coeff * entropy
+    per_token = policy * is_weights + vf_coeff * value - entropy_coeff * entropy
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
-    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     return loss, {
         "clip_frac_sum": (clipped * mask).sum(),
         "value_loss_sum": (value * mask).sum().detach(),
@@ -50,7 +50,7 @@ class PPOArgs(PolicyLossArgs):
 
 def batch_loss(outputs: Batch, batch: Batch, args: PPOArgs) -> LossResult:
     return ppo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                    outputs["values"].float(), batch["old_values"], batch["returns"], outputs["entropy"], **asdict(args))
+                    batch["is_weights"], outputs["values"].float(), batch["old_values"], batch["returns"], outputs["entropy"], **asdict(args))
 
 
 def make_args(train, batch: GlobalBatch) -> PPOArgs:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.kl import k3
 
@@ -19,21 +19,20 @@ def sgrpo_loss(
     old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
     *, clip_low: float, clip_high: float, kl_coeff: float, loss_agg: LossAgg,
     num_tokens: float, num_seqs: float, max_len: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    per_token = -surrogate
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
+    per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_high)  # [B, T-1] each
+    per_token = per_token * is_weights
     metrics = {}
     if kl_coeff > 0:
         kl = k3(logprobs, ref_logprobs)  # [B, T-1]
         per_token = per_token + kl_coeff * kl
         metrics["kl_ref_sum"] = (kl * mask).sum().detach()
     loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
-    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     metrics["clip_frac_sum"] = (clipped * mask).sum()
     return loss, metrics
 
@@ -45,7 +44,7 @@ class SGRPOArgs(PolicyLossArgs):
 
 def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
     return sgrpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                      batch.get("ref_logprobs"), **asdict(args))
+                      batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
 
 
 def make_args(train, batch: GlobalBatch) -> SGRPOArgs:

@@ -148,6 +148,13 @@ class RLTrain(TrainCommon):
     vf_coeff: Annotated[float, Field(ge=0)] = Field(0.1, description="PPO: weight of the value loss.")
     value_clip: PositiveFloat = Field(0.2, description="PPO: new values stay within this distance of the old ones in the clipped value loss.")
     entropy_coeff: Annotated[float, Field(ge=0)] = Field(0.0, description="PPO: weight of the entropy bonus.")
+    sampler_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = Field(
+        "none", description="Correct for vLLM's probabilities differing from the trainer's: each token's loss is weighted "
+        "by p_trainer / p_vLLM of its token (token-*) or of its whole sample (sequence-*), truncated at "
+        "`correction_cap` (*-truncate, TIS) or left out of the loss outside [correction_floor, correction_cap] "
+        "(*-mask, MIS). Every step logs the gap either way (`logprob_gap_kl`, `is_ratio_max`, `is_corrected_frac`).")
+    correction_cap: Annotated[float, Field(ge=1)] = Field(2.0, description="Largest importance weight kept (see `sampler_correction`).")
+    correction_floor: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="Smallest importance weight kept: raised to it (*-truncate) or masked below it (*-mask).")
     max_bad_steps: PositiveInt = Field(3, description="Stop (with a checkpoint) after this many consecutive steps skipped for NaN/Inf.")
     eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Greedy accuracy on `data.val` every N steps (0: before and after training only).")
 
@@ -175,6 +182,7 @@ class RolloutSection(Section):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Share of GPU memory vLLM may take (weights, activations, KV cache). On CPU unused: the KV cache is sized for a step's samples per engine.")
     force_strict_on_policy: bool = Field(True, description="Refuse samples produced by an older policy version.")
     mask_truncated: bool = Field(False, description="Leave responses cut at `max_tokens` (episodes: at `env.max_episode_tokens` too) out of the loss.")
+    max_sampling_rounds: PositiveInt = Field(4, description="DAPO's dynamic sampling: generation rounds a step may take to fill its batch with prompt groups whose rewards differ; a step still short after them stops the run.")
     env: EnvSection = Field(default_factory=EnvSection, description="Multi-turn RL: the environment each episode runs against.")
 
 
@@ -199,6 +207,8 @@ class RewardSection(Section):
     func: str = Field("math", description="A shipped reward by name, `module:function`, `reward-model` (a trained reward model, `reward.kwargs.path`), `judge` (an LLM judge, `reward.judge`), or `env` (the environment's own score of each episode, 0 where it gave none). With `rollout.env`, the others score an episode's last policy message.")
     kwargs: dict = Field({}, description="Keyword arguments for the reward function.")
     judge: JudgeSection = Field(default_factory=JudgeSection, description="reward.func=judge: the judge model and how it scores.")
+    overlong_buffer: Annotated[int, Field(ge=0)] = Field(0, description="DAPO's soft overlong penalty: a response longer than `rollout.max_tokens` - this many tokens (episodes: `env.max_episode_tokens` - this) loses reward linearly, `overlong_penalty` at the limit; 0: off.")
+    overlong_penalty: PositiveFloat = Field(1.0, description="The reward a response at the length limit loses (see `overlong_buffer`).")
     on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised or whose judgment could not be read (the error is reported with the sample).")
 
 

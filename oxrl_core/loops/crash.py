@@ -43,10 +43,10 @@ class RunPosition:
 
     @contextmanager
     def timed(self, seconds: dict, phase: str):
-        """Meanwhile the run is in `phase`; its wall seconds go to `seconds[phase]`."""
+        """Meanwhile the run is in `phase`; its wall seconds are added to `seconds[phase]`."""
         self.phase, start = phase, time.perf_counter()
         yield
-        seconds[phase] = time.perf_counter() - start
+        seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 @contextmanager

@@ -76,6 +76,10 @@ def check_config(config: SLConfig | RLConfig) -> str:
     algorithm = ALGORITHMS[train.alg]
     if algorithm.check:
         algorithm.check(config)
+    for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise
+        if key not in train.model_fields_set:
+            setattr(train, key, value)
+    _check_overlong(config)
 
     env = config.rollout.env
     if env.name is not None and not algorithm.episodes:
@@ -124,6 +128,18 @@ def _check_teacher(teacher: str | None, student_path: str) -> None:
         raise OxrlError(
             f"train.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
             f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
+
+
+def _check_overlong(config: SLConfig | RLConfig) -> None:
+    buffer = config.reward.overlong_buffer
+    if buffer and isinstance(config, SLConfig):
+        raise OxrlError(f"reward.overlong_buffer={buffer}: the overlong penalty shapes RL rewards; --alg "
+                        f"{config.train.alg} does not use it")
+    env = config.rollout.env
+    limit, where = ((env.max_episode_tokens, "rollout.env.max_episode_tokens") if env.name is not None
+                    else (config.rollout.max_tokens, "rollout.max_tokens"))
+    if buffer > limit:
+        raise OxrlError(f"reward.overlong_buffer={buffer}: must be at most {where} ({limit}), the length it counts back from")
 
 
 def _check_data_file(key: str, path: Path) -> None:

@@ -34,7 +34,7 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
     adv = torch.tensor([1.0, -0.5, 0.0, 2.0], dtype=torch.float64)
     mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float64)
     logp.requires_grad_(True)
-    loss, metrics = grpo_loss(logp, old, adv, mask, ref if beta else None, epsilon=0.2, beta=beta, num_seqs=4.0)
+    loss, metrics = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, epsilon=0.2, beta=beta, num_seqs=4.0)
     expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta)
     assert loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     loss.backward()

@@ -47,7 +47,7 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 def test_sgrpo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
     ref = logp - 0.3
-    loss, _ = sgrpo_loss(logp, old, adv, mask, ref, clip_low=0.2, clip_high=0.28, kl_coeff=0.05, loss_agg=mode,
+    loss, _ = sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref, clip_low=0.2, clip_high=0.28, kl_coeff=0.05, loss_agg=mode,
                          num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
     per_token = []
     for b in range(4):
@@ -66,7 +66,7 @@ def test_sgrpo_matches_the_formula(mode, seed):
 @pytest.mark.parametrize("seed", [0, 3])
 def test_cispo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
-    loss, _ = cispo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg=mode,
+    loss, _ = cispo_loss(logp, old, adv, mask, torch.ones_like(mask), clip_low=0.2, clip_high=0.28, loss_agg=mode,
                          num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
     per_token = [[-min(max(math.exp(logp[b, t] - old[b, t]), 0.8), 1.28) * adv[b].item() * logp[b, t].item()
                   for t in range(7)] for b in range(4)]
@@ -91,12 +91,12 @@ KW = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=1.0, n
 ])
 def test_clip_boundaries_and_cispo_keeps_gradient_where_ppo_has_none(ratio, advantage, clipped):
     logp, old, adv, mask = one_token(ratio, advantage)
-    sgrpo_loss(logp, old, adv, mask, None, kl_coeff=0.0, **KW)[0].backward()
+    sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), None, kl_coeff=0.0, **KW)[0].backward()
     ppo_grad = logp.grad.item()
     assert (ppo_grad == 0.0) == clipped
 
     logp, old, adv, mask = one_token(ratio, advantage)
-    cispo_loss(logp, old, adv, mask, **KW)[0].backward()
+    cispo_loss(logp, old, adv, mask, torch.ones_like(mask), **KW)[0].backward()
     weight = min(max(ratio, 0.8), 1.28)
     assert abs(logp.grad.item() - (-weight * advantage)) <= TOL  # non-zero even where PPO's is zero
 
@@ -105,7 +105,7 @@ def test_ppo_loss_matches_the_formula():
     logp, old, _, mask = random_batch(5)
     g = torch.Generator().manual_seed(9)
     adv, values, old_values, returns, entropy = (torch.randn(4, 7, generator=g, dtype=torch.float64) for _ in range(5))
-    loss, _ = ppo_loss(logp, old, adv, mask, values, old_values, returns, entropy.abs(), clip_low=0.2, clip_high=0.2,
+    loss, _ = ppo_loss(logp, old, adv, mask, torch.ones_like(mask), values, old_values, returns, entropy.abs(), clip_low=0.2, clip_high=0.2,
                        value_clip=0.1, vf_coeff=0.5, entropy_coeff=0.01, loss_agg="token-mean",
                        num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
     total = n = 0.0
@@ -189,7 +189,7 @@ def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
     old, ref, values = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(3))
     batch = {"response_mask": mask, "rewards": rewards.clone(), "old_logprobs": old, "ref_logprobs": ref, "old_values": values}
     train = SimpleNamespace(kl_coeff=0.1, gamma=0.9, lam=0.8, adv_std_norm="batch" if whiten else "none")
-    gae_advantages([[batch]], train)
+    gae_advantages([batch], train)
     expected, returns = [[0.0] * 5 for _ in range(3)], [[0.0] * 5 for _ in range(3)]
     for b in range(3):
         positions = [t for t in range(5) if mask[b, t]]
@@ -207,4 +207,3 @@ def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
         expected = [[(x - mean) / (std + 1e-6) if mask[b, t] else 0.0 for t, x in enumerate(row)] for b, row in enumerate(expected)]
     assert torch.allclose(batch["advantages"], torch.tensor(expected, dtype=torch.float64), atol=TOL)
     assert torch.allclose(batch["returns"], torch.tensor(returns, dtype=torch.float64), atol=TOL)
-    assert "rewards" not in batch

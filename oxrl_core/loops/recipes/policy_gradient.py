@@ -6,10 +6,12 @@ against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`
 """
 
 from functools import partial
+from typing import NoReturn
 
 import torch
 
-from oxrl_core.algs.advantages import gae_advantages, group_advantages
+from oxrl_core.algs.advantages import ESTIMATORS
+from oxrl_core.algs.correction import importance_weights
 from oxrl_core.algs.base import GlobalBatch
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
@@ -20,6 +22,7 @@ from oxrl_core.loops.guards import check_no_trained_padding, check_policy_versio
 from oxrl_core.loops.harness import Run
 from oxrl_core.rewards.base import RewardUnavailable
 from oxrl_core.rewards.judge import Judge
+from oxrl_core.rewards.length import overlong_penalty
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
 
@@ -65,27 +68,21 @@ class PolicyGradient:
     def step(self, step: int) -> dict:
         run, train, rollout_cfg, seconds = self.run, self.train, self.rollout_cfg, {}
         run.position.policy_version = self.policy_version  # the version sampling this step
-        # 1. rollout
-        step_start = self.sampler.state_dict()
-        prompts = [self.prompt_sets[src][i] for src, i in self.sampler.next_batch(train.batch_size // rollout_cfg.n_samples)]
-        with run.position.timed(seconds, "generate"):
-            rollouts = self.generate(prompts, rollout_cfg.n_samples, rollout_cfg.temperature, train.seed * 1_000_003 + step)
-        # 2. reward
-        self.score(rollouts, prompts, step, step_start, seconds)
-        # 3. advantages: group-relative; PPO's come from its critic (GAE) once the old values are known
+        # 1. rollout and 2. reward
+        rollouts, metrics = self.sample(step, seconds)
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-        per_sample = {"rewards": rewards} if self.alg.advantages == "gae" else \
-            {"advantages": group_advantages(rewards, torch.tensor([r.group for r in rollouts]), train.adv_std_norm)}
         if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly this policy version
             check_policy_version([r.policy_version for r in rollouts], self.policy_version)
+        per_sample = {"rewards": rewards, "group_ids": torch.tensor([r.group for r in rollouts])}
         per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
                                     rollout_cfg.mask_truncated)
         old = self.old_logprobs(per_rank, seconds)
-        if self.alg.advantages == "gae":
-            gae_advantages(per_rank, train)
-        bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for r in per_rank for b in r]),
+        batches = [b for rank in per_rank for b in rank]
+        metrics |= rollout_metrics(rollouts, rewards) | sampler_trainer_gap(per_rank, old) | correct(batches, train)
+        # 3. advantages
+        ESTIMATORS[self.alg.advantages](batches, train)
+        bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for b in batches]),
                          trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
-        metrics = rollout_metrics(rollouts, rewards) | sampler_trainer_gap(per_rank, old)
         # 4. train
         if bad:
             self.bad_steps += 1
@@ -98,13 +95,46 @@ class PolicyGradient:
         if not bad:
             with run.position.timed(seconds, "refresh"):
                 self.refresh()
-        metrics |= phase_metrics(seconds, sum(len(r.response_ids) for r in rollouts))
+        metrics |= phase_metrics(seconds, metrics.pop("generated_tokens"))
         metrics["policy_version"] = self.policy_version
         if self.bad_steps >= train.max_bad_steps:
             run.console.print(f"[red]stopping:[/] {self.bad_steps} consecutive steps had non-finite values; checkpoint "
                               f"of the last good weights follows")
             self.stopped_early = f"{self.bad_steps} consecutive non-finite steps"
         return metrics
+
+    def sample(self, step: int, seconds: dict) -> tuple[list[Rollout], dict]:
+        """The step's scored samples, `rollout.n_samples` per prompt, each prompt's group numbered in order. With
+        dynamic sampling (DAPO), a group whose rewards are all equal is dropped and the missing groups are sampled
+        from further prompts, `rollout.max_sampling_rounds` rounds at most; the rounds after the first are timed as
+        `resample`."""
+        cfg, step_start = self.rollout_cfg, self.sampler.state_dict()
+        needed, kept, generated, dropped = self.train.batch_size // cfg.n_samples, [], 0, 0
+        rounds = cfg.max_sampling_rounds if self.alg.dynamic_sampling else 1
+        for attempt in range(rounds):
+            prompts = [self.prompt_sets[src][i] for src, i in self.sampler.next_batch(needed - len(kept))]
+            with self.run.position.timed(seconds, "generate" if attempt == 0 else "resample"):
+                rollouts = self.generate(prompts, cfg.n_samples, cfg.temperature,
+                                         self.train.seed * 1_000_003 + step + attempt * 500_009)
+            self.score(rollouts, prompts, step, step_start, seconds)
+            generated += sum(len(r.response_ids) for r in rollouts)
+            groups = [[r for r in rollouts if r.group == g] for g in range(len(prompts))]
+            varied = [g for g in groups if not self.alg.dynamic_sampling or len({r.reward for r in g}) > 1]
+            kept, dropped = kept + varied, dropped + len(groups) - len(varied)
+            if len(kept) == needed:
+                break
+        else:
+            self.stop(step, step_start, f"dynamic sampling: after {rounds} rounds (rollout.max_sampling_rounds) only "
+                                        f"{len(kept)} of the {needed} prompt groups a step needs had rewards that "
+                                        f"differ ({dropped} groups scored the same for every sample); use more rounds, "
+                                        f"or prompts the model solves sometimes but not always")
+        for group, samples in enumerate(kept):
+            for r in samples:
+                r.group = group
+        metrics = {"generated_tokens": generated}
+        if self.alg.dynamic_sampling:
+            metrics |= {"groups_dropped": dropped, "sampling_rounds": attempt + 1}
+        return [r for samples in kept for r in samples], metrics
 
     def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
         pool = self.run.pool
@@ -114,21 +144,32 @@ class PolicyGradient:
         return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
 
     def score(self, rollouts: list[Rollout], prompts: list[PromptExample], step: int, step_start: dict, seconds: dict) -> None:
-        """The step's rewards. A reward engine that fails (a judge's) stops the run: nothing of this step is trained,
-        the last step's weights are kept and --resume samples this step's prompts again."""
-        run = self.run
+        """Rewards, less DAPO's soft overlong penalty when `reward.overlong_buffer` is set. A reward engine that
+        fails (a judge's) stops the run."""
+        run, reward_cfg = self.run, self.run.config.reward
         try:
             with run.position.timed(seconds, "reward"):
                 run.score(rollouts, [p.record for p in prompts], step)
         except RewardUnavailable as e:
-            self.sampler.load_state_dict(step_start)
-            if step > run.first_step:
-                run.save(step - 1, final=False, loop_state=self.loop_state())
-            raise OxrlError(f"{e}; stopped at step {step}: " + (
-                f"step {step - 1}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
-                if step > 1 else "no step had finished, run again")) from None
+            self.stop(step, step_start, str(e))
+        if reward_cfg.overlong_buffer:
+            limit = self.env.max_episode_tokens if self.new_env else self.rollout_cfg.max_tokens
+            for r in rollouts:
+                r.reward += overlong_penalty(len(r.response_ids), limit, reward_cfg.overlong_buffer,
+                                             reward_cfg.overlong_penalty)
         if isinstance(run.reward_fn, Judge):
             seconds["judge"] = run.reward_fn.engine_seconds  # part of the reward phase
+
+    def stop(self, step: int, step_start: dict, why: str) -> NoReturn:
+        """End the run in `step` with nothing of it trained: the last step's weights are kept (a checkpoint) and
+        --resume samples this step's prompts again."""
+        run = self.run
+        self.sampler.load_state_dict(step_start)
+        if step > run.first_step:
+            run.save(step - 1, final=False, loop_state=self.loop_state())
+        raise OxrlError(f"{why}; stopped at step {step}: " + (
+            f"step {step - 1}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
+            if step > 1 else "no step had finished, run again")) from None
 
     def old_logprobs(self, per_rank: list[list[dict]], seconds: dict) -> list[list[torch.Tensor]]:
         """The trainer's logprobs of the sampled tokens before the update (and PPO's old values, the reference's
@@ -224,6 +265,19 @@ def sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Ten
     return {"logprob_gap_abs": abs_sum / max(n, 1), "logprob_gap_kl": k3_sum / max(n, 1)}
 
 
+def correct(batches: list[dict], train) -> dict:
+    """Each micro-batch's sampler-trainer correction weights (`is_weights`, `train.sampler_correction`); the largest
+    raw weight of the step and the share of its response tokens whose weight was truncated or masked."""
+    ratio_max, corrected, tokens = 0.0, 0, 0
+    for b in batches:
+        b["is_weights"], stats = importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"],
+                                                    train.sampler_correction, train.correction_cap,
+                                                    train.correction_floor)
+        ratio_max, corrected = max(ratio_max, stats["is_ratio_max"]), corrected + stats["is_corrected_tokens"]
+        tokens += b["response_mask"].sum().item()
+    return {"is_ratio_max": ratio_max, "is_corrected_frac": corrected / max(tokens, 1)}
+
+
 def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
     lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
     metrics = {
@@ -253,5 +307,5 @@ def train_metrics(results: list[dict], num_tokens: float) -> dict:
 
 def phase_metrics(seconds: dict, generated_tokens: int) -> dict:
     out = {f"time_{phase}_s": s for phase, s in seconds.items()}
-    out["generate_tokens_per_s"] = generated_tokens / max(seconds["generate"], 1e-9)
+    out["generate_tokens_per_s"] = generated_tokens / max(seconds["generate"] + seconds.get("resample", 0.0), 1e-9)
     return out

@@ -1,0 +1,67 @@
+"""GSPO, group sequence policy optimisation (Zheng et al. 2025, arXiv 2507.18071).
+
+The importance ratio is the sample's, normalised by its length, s_i = exp(mean_t (logp_t - old_t)) (the geometric
+mean of its token ratios), and the clip acts on samples, not tokens:
+
+    -min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i), averaged over the samples (no KL term).
+
+A sequence's ratio sits much closer to 1 than a token's, so the clip is narrow: 3e-4 and 4e-4 unless set (the
+paper's). GSPO-token (`gspo_token.py`) keeps the value s_i on every token but lets each token's gradient through on
+its own, s_i,t = sg(s_i) exp(logp_t - sg(logp_t)), for advantages that differ per token; with one advantage per
+sample its gradient is GSPO's.
+"""
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.errors import OxrlError
+
+
+def gspo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B] one per sequence
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
+    *, clip_low: float, clip_high: float, num_seqs: float, token_gradients: bool,
+) -> LossResult:
+    lengths = mask.sum(-1).clamp(min=1)  # [B]
+    log_s = (((logprobs - old_logprobs) * mask).sum(-1) / lengths)[:, None]  # [B, 1] mean log ratio of each sample
+    if token_gradients:  # GSPO-token: the value of s_i, each token's own gradient
+        log_s = log_s.detach() + logprobs - logprobs.detach()  # [B, T-1]
+    per_token, clipped = clipped_surrogate(torch.exp(log_s), advantages[:, None], clip_low, clip_high)  # [B, 1] or [B, T-1]
+    per_sample = (per_token * is_weights * mask).sum(-1) / lengths  # [B]
+    return per_sample.sum() / num_seqs, {"clip_frac_sum": (clipped * mask).sum()}
+
+
+@dataclass(frozen=True)
+class GSPOArgs(LossArgs):
+    clip_low: float
+    clip_high: float
+    num_seqs: float  # samples in the global batch
+    token_gradients: bool  # GSPO-token
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: GSPOArgs) -> LossResult:
+    return gspo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                     batch["is_weights"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> GSPOArgs:
+    return GSPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, num_seqs=batch.sequences(), token_gradients=False)
+
+
+def check(config) -> None:
+    """GSPO averages over samples and has no KL term: a setting of either would be ignored."""
+    if "loss_agg" in config.train.model_fields_set:
+        raise OxrlError(f"train.loss_agg={config.train.loss_agg!r}: GSPO's loss is a mean over samples by definition")
+    if config.train.kl_coeff > 0:
+        raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: GSPO has no KL term; use 0, or --alg sgrpo for one")
+
+
+DEFAULTS = {"clip_low": 3e-4, "clip_high": 4e-4}
+ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True,
+                      defaults=DEFAULTS, check=check)

@@ -1,0 +1,47 @@
+"""REINFORCE++ (Hu et al. 2025, arXiv 2501.03262), as in the paper and OpenRLHF.
+
+No critic and no per-prompt baseline: the KL to the reference is in the reward, per token
+(r_t = -kl_coeff (old_t - ref_t), plus the sample's reward on its last token), the advantage of a token is its
+discounted return (`train.gamma`), normalised over every response token of the batch (`advantages.reinforce_pp`),
+and the loss is PPO's clipped surrogate per token, aggregated by `train.loss_agg`:
+
+    -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)
+
+`reinforce++-baseline` (`reinforce_pp_baseline.py`) subtracts each prompt's mean reward first.
+"""
+
+from dataclasses import asdict
+
+import torch
+
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
+
+
+def reinforce_pp_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B, T-1] one per token
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
+    *, clip_low: float, clip_high: float, loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
+) -> LossResult:
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
+    per_token, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
+    loss = aggregate(per_token * is_weights, mask, loss_agg, num_tokens, num_seqs, max_len)
+    return loss, {"clip_frac_sum": (clipped * mask).sum()}
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult:
+    return reinforce_pp_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                             batch["is_weights"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> PolicyLossArgs:
+    return PolicyLossArgs(**PolicyLossArgs.common(train, batch))
+
+
+DEFAULTS = {"clip_high": 0.2}  # OpenRLHF's symmetric clip
+# Episodes: a token's return across environment turns would credit the environment's tokens; not built.
+ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="reinforce++",
+                      defaults=DEFAULTS)

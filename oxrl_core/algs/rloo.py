@@ -1,0 +1,63 @@
+"""RLOO, REINFORCE leave-one-out (Ahmadian et al. 2024, Back to Basics, arXiv 2402.14740), in TRL's form.
+
+Each sample's advantage is its reward less the mean reward of the other samples of its prompt
+(`advantages.leave_one_out`; with kl_coeff > 0 the reward first loses kl_coeff x the sample's summed KL to the
+reference). The ratio is the whole sample's, s_i = exp(sum_t (logp_t - old_t)), clipped as in PPO:
+
+    -min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i), averaged over the samples.
+
+At the single update on fresh samples s_i = 1, and the gradient is the paper's, -A_i grad log pi(y_i). A sampler-trainer
+correction weighs the sample as a whole, so it must be sequence-level.
+"""
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.errors import OxrlError
+
+
+def rloo_loss(
+    logprobs: torch.Tensor,  # [B, T-1] current policy, prediction-aligned
+    old_logprobs: torch.Tensor,  # [B, T-1] policy that sampled the tokens
+    advantages: torch.Tensor,  # [B] one per sequence
+    mask: torch.Tensor,  # [B, T-1] response tokens
+    is_weights: torch.Tensor,  # [B, T-1] sequence-level correction (each row one value), 1 when off
+    *, clip_low: float, clip_high: float, num_seqs: float,
+) -> LossResult:
+    ratio = torch.exp(((logprobs - old_logprobs) * mask).sum(-1))  # [B] the sample's ratio
+    per_sample, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B] each
+    return (per_sample * is_weights[:, 0]).sum() / num_seqs, {"clip_frac_sum": (clipped[:, None] * mask).sum()}
+
+
+@dataclass(frozen=True)
+class RLOOArgs(LossArgs):
+    clip_low: float
+    clip_high: float
+    num_seqs: float  # samples in the global batch
+
+
+def batch_loss(outputs: Batch, batch: Batch, args: RLOOArgs) -> LossResult:
+    return rloo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
+                     batch["is_weights"], **asdict(args))
+
+
+def make_args(train, batch: GlobalBatch) -> RLOOArgs:
+    return RLOOArgs(clip_low=train.clip_low, clip_high=train.clip_high, num_seqs=batch.sequences())
+
+
+def check(config) -> None:
+    if config.rollout.n_samples < 2:
+        raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: RLOO's baseline is the other samples of the "
+                        f"prompt; use 2 or more")
+    if config.train.sampler_correction.startswith("token"):
+        raise OxrlError(f"train.sampler_correction={config.train.sampler_correction!r}: RLOO's ratio is the whole "
+                        f"sample's, so is its correction; use sequence-truncate, sequence-mask or none")
+    if "loss_agg" in config.train.model_fields_set:
+        raise OxrlError(f"train.loss_agg={config.train.loss_agg!r}: RLOO's loss is a mean over samples by definition")
+
+
+ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="leave-one-out",
+                      episodes=True, defaults={"clip_high": 0.2, "sampler_correction": "sequence-truncate"}, check=check)
