@@ -76,6 +76,9 @@ QWEN25_VL_SHAPES = {
 IMAGE_SIDE = 448  # pixels: 32 x 32 patches of 14, merged 2 x 2 into 16 x 16 image tokens
 IMAGE_PATCHES, IMAGE_TOKENS = (IMAGE_SIDE // 14) ** 2, (IMAGE_SIDE // 28) ** 2
 
+# the sampler-trainer gap of each step, and what `train.sampler_correction` did about it
+MISMATCH = ["logprob_gap_abs", "logprob_gap_kl", "is_ratio_max", "is_corrected_frac"]
+
 
 
 
@@ -409,7 +412,8 @@ def main() -> None:
     policy_tokens = [h.get("policy_tokens", h["response_length"]) * config.train.batch_size / h["time_generate_s"] for h in measured]
     step["generate_policy_tokens_per_s"] = statistics.median(policy_tokens)
     result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
-              "per_step": [{key: h[key] for key in timed} for h in history], "peak_gpu_memory_gb": memory.peak_gb}
+              "per_step": [{key: h[key] for key in timed + MISMATCH if key in h} for h in history],
+              "peak_gpu_memory_gb": memory.peak_gb}
     result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
                "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
                "rollout_windows": windows}
