@@ -81,7 +81,6 @@ MISMATCH = ["logprob_gap_abs", "logprob_gap_kl", "is_ratio_max", "is_corrected_f
 
 
 
-
 def build_model(folder: Path, shape: dict) -> Path:
     """Random weights in a Qwen2.5 shape, with oxrl-tiny's ChatML tokenizer (ids beyond it are never decoded); a
     vision shape with oxrl-tiny-vl's tokenizer and template, and Qwen2.5-VL's image processor."""
