@@ -84,7 +84,7 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
         logprob_s.append(time.perf_counter() - start)
         for rank_batches, rank_old in zip(per_rank, old):
             for batch, logprobs in zip(rank_batches, rank_old):
-                batch["old_logprobs"] = logprobs
+                batch["old_logprobs"], batch["is_weights"] = logprobs, torch.ones_like(logprobs)  # no correction
         start = time.perf_counter()
         result = group.call("train_step", per_rank, alg=ALG, args=args, with_entropy=True)[0]
         train_s.append(time.perf_counter() - start)

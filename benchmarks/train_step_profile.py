@@ -113,7 +113,7 @@ def timed_step(engine: TrainEngine, batches: list[dict], loss: LossArgs) -> tupl
     torch.cuda.synchronize()
     start = time.perf_counter()
     for batch, logprobs in zip(batches, engine.token_logprobs(batches)):
-        batch["old_logprobs"] = logprobs
+        batch["old_logprobs"], batch["is_weights"] = logprobs, torch.ones_like(logprobs)  # no correction
     torch.cuda.synchronize()
     middle = time.perf_counter()
     engine.train_step(batches, alg=ALG, args=loss, with_entropy=True)

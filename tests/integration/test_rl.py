@@ -201,7 +201,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
                                                                                   placement, lora):
     """2 trainer ranks (ZeRO-3) and 2 engines; the weights reach the engines through the broadcast group (on CPU in
     both placements), never through the driver."""
-    from oxrl_core.loops.recipes.policy_gradient import attach, rl_micro_batches
+    from oxrl_core.loops.recipes.policy_gradient import attach, correct, rl_micro_batches
     from oxrl_core.cluster.session import ray_cluster
     from oxrl_core.loops.harness import start_actors
 
@@ -221,6 +221,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        correct([b for r in batches for b in r], config.train)  # the sampler-trainer weights (none: ones)
         args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=8.0))
         group.call("train_step", batches, alg="cispo", args=args)
         pool.refresh(1)

@@ -125,7 +125,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
     """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
     prompt scored by the trainer. Scored without the image (by either side), they are far apart. The vision tower
     trains, so the refresh must bring its new weights too (the frozen default is checked by the CISPO example's gap)."""
-    from oxrl_core.loops.recipes.policy_gradient import attach, rl_micro_batches
+    from oxrl_core.loops.recipes.policy_gradient import attach, correct, rl_micro_batches
     from oxrl_core.cluster.session import ray_cluster
     from oxrl_core.loops.harness import start_actors
 
@@ -140,6 +140,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, images=[prompt.images])
         batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        correct([b for r in batches for b in r], config.train)  # the sampler-trainer weights (none: ones)
         args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=16.0))
         group.call("train_step", batches, alg="cispo", args=args)
         pool.refresh(1)
