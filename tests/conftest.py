@@ -37,9 +37,6 @@ ray.shutdown()
 def pytest_configure(config):
     config.addinivalue_line("markers", "own_ray_cluster: an integration test whose runs start and stop their own Ray "
                                        "cluster, as `oxrl` does when RAY_ADDRESS is not set")
-    config.addinivalue_line("markers", "alone: an integration test that times a run's deadlines or exit, or starts "
-                                       "clusters with `ray start`: `make test-all` runs it after the others, when "
-                                       "nothing else runs beside it")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ import pytest
 
 from oxrl_core.cluster.watchdog import FIRST_RUN_FACTOR
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]  # their deadlines are timed
+pytestmark = pytest.mark.integration
 HANG_TIMEOUT_S = 30  # start-up on a loaded 2-core machine may take most of its 120 s first-run bound
 
 

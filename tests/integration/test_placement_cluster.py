@@ -16,7 +16,7 @@ from oxrl_core.cluster.placement import Placement
 from oxrl_core.cluster.watchdog import ActorWatch
 from oxrl_core.errors import OxrlError
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]  # `ray start` clusters and timed deadlines
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

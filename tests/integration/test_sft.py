@@ -277,7 +277,6 @@ def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
 
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
-@pytest.mark.alone  # its exit is timed
 @pytest.mark.parametrize("signum, to_group, starting", [(signal.SIGTERM, False, "ray"), (signal.SIGINT, True, "ranks")],
                          ids=["sigterm-starting-ray", "ctrl-c-starting-ranks"])
 def test_a_signal_during_start_up_stops_the_run_at_once_leaving_nothing(tmp_path, tiny_model_dir, arithmetic,
