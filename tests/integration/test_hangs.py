@@ -29,7 +29,8 @@ def pid_in_placement(run: Path, actor: str) -> int:
 
 
 @pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
-@pytest.mark.parametrize("stuck, peer", [("rank1", "rank0"), ("engine0", "rank0")], ids=["trainer-rank", "vllm-engine"])
+@pytest.mark.parametrize("stuck, peer", [pytest.param("rank1", "rank0", marks=pytest.mark.slow), ("engine0", "rank0")],
+                         ids=["trainer-rank", "vllm-engine"])
 def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resume(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled, stuck, peer):
     """Stopped in step 2's reward phase, after step 1's checkpoint: a trainer rank, whose peer then waits for it in

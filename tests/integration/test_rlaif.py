@@ -59,6 +59,7 @@ def _judge_pids(log: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # the judge's other scoring rule; a dying engine's stop runs in test_hangs.py
 def test_a_yes_probability_judge_rewards_its_p_yes_and_its_engine_dying_mid_run_stops_the_run_with_a_checkpoint(
         tmp_path, tiny_model_dir, oxrl):
     args = rlaif_args(tiny_model_dir, tmp_path, "train.steps=4", "reward.judge.score=yes-probability")

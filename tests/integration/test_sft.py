@@ -219,6 +219,7 @@ def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers
     assert max(abs(a - b) for a, b in zip(vllm_logprobs, base_logprobs)) > 1e-2
 
 
+@pytest.mark.slow  # ZeRO-3 at another setting: offloaded to CPU memory
 def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(tmp_path, tiny_model_dir, arithmetic,
                                                                                 oxrl_side_by_side):
     """ZeRO-Offload (optimizer states and update in CPU memory through DeepSpeed's CPU Adam, the parameters too): the
@@ -263,6 +264,7 @@ def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_mo
 
 
 @pytest.mark.own_ray_cluster  # `make demo` as a user runs it: no RAY_ADDRESS, so each run starts and stops its cluster
+@pytest.mark.slow  # 7 minutes: the demo's SFT and CISPO at full length; benchmarks/demo_spread.py measures its result
 def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
     """What `make demo` runs after installing: the embedded default, end to end."""
     result = oxrl("demo")
@@ -277,7 +279,8 @@ def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
 
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
-@pytest.mark.parametrize("signum, to_group, starting", [(signal.SIGTERM, False, "ray"), (signal.SIGINT, True, "ranks")],
+@pytest.mark.parametrize("signum, to_group, starting", [(signal.SIGTERM, False, "ray"),
+                                                        pytest.param(signal.SIGINT, True, "ranks", marks=pytest.mark.slow)],
                          ids=["sigterm-starting-ray", "ctrl-c-starting-ranks"])
 def test_a_signal_during_start_up_stops_the_run_at_once_leaving_nothing(tmp_path, tiny_model_dir, arithmetic,
                                                                         oxrl_signalled, signum, to_group, starting):

@@ -165,6 +165,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         group.shutdown()
 
 
+@pytest.mark.slow  # `oxrl eval` of text models runs in test_eval.py; vLLM answers image prompts above
 def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, oxrl):
     result = oxrl("eval", "--model", sft_run / "final", "--data", "examples/data/squares_rl_val.jsonl", "--reward", "math",
                   "--n", "2", "--max-tokens", "8", "--out", tmp_path)
