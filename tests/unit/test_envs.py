@@ -240,7 +240,7 @@ def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
     assert batch["response_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1]
     assert batch["response_mask"][1].tolist() == [0, 0, 1, 1, 0, 0, 0, 0]
     logprobs = torch.full_like(batch["response_mask"], -1.0, dtype=torch.float64, requires_grad=True)
-    loss, _ = cispo_loss(logprobs, logprobs.detach(), batch["advantages"].double(), batch["response_mask"].double(),
+    loss, _ = cispo_loss(logprobs, logprobs.detach(), batch["advantages"].double(), batch["response_mask"].double(), torch.ones_like(logprobs),
                          clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=batch["response_mask"].sum().item(),
                          num_seqs=2.0, max_len=8.0)
     loss.backward()
