@@ -57,6 +57,7 @@ def test_list_prints_every_shipped_model(oxrl, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a generated config's training step; the VLM SFT runs in tests/integration/test_vlm.py
 def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl, tiny_vl_model_dir, tmp_path):
     """The generated config as written (its own batch split). A causal LM's generated SFT config trains in
     test_verify_runs_an_sft_and_an_rl_step_and_records_it (`--verify`), through the same writer."""
@@ -69,6 +70,7 @@ def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl,
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an SFT and an RL step, which the integration runs take
 def test_verify_runs_an_sft_and_an_rl_step_and_records_it(oxrl, tiny_model_dir, tmp_path):
     result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, "--verify")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -67,6 +67,7 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
         assert [h["step"] for h in json.loads((run / "summary.json").read_text())["history"]] == [2]  # trained again
 
 
+@pytest.mark.slow  # the crash report is unit-tested (tests/unit/test_crash_report.py); this is a whole run's
 def test_a_killed_engine_leaves_a_crash_report_that_oxrl_report_turns_into_an_issue_naming_it_and_the_step(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
     """The vLLM engine is killed in step 1's reward phase; the run fails at the refresh that follows."""

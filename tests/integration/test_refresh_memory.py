@@ -60,6 +60,7 @@ def peak_rss_growth(action) -> tuple[int, float]:
     return max(peak, process.memory_info().rss) - before, time.monotonic() - start
 
 
+@pytest.mark.slow  # a memory bound measured over many refreshes; every RL run refreshes
 def test_a_refresh_does_not_grow_the_drivers_memory_with_the_model_size(tmp_path, tiny_model_dir):
     """The weights go from trainer rank 0 to the engine workers over their own broadcast group. When they went
     through the object store and the driver, the driver held the whole model for every refresh. With two models 4x

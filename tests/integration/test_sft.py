@@ -298,6 +298,7 @@ def test_a_signal_during_start_up_stops_the_run_at_once_leaving_nothing(tmp_path
 
 
 @pytest.mark.own_ray_cluster  # the ranks must run in the mount namespace that holds the small disk
+@pytest.mark.slow  # a checkpoint's failure and resume at another setting
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_checkpoint_resumes(tmp_path, tiny_model_dir,
                                                                                      arithmetic, oxrl):
     """The run folder lies on an 8 MB tmpfs: step 1's checkpoint (about 5.5 MB) fits, step 2's does not."""

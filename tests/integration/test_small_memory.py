@@ -68,6 +68,7 @@ def test_the_shipped_rl_example_runs_as_is_on_a_4_gib_node(tmp_path, tiny_model_
 
 
 @pytest.mark.own_ray_cluster
+@pytest.mark.slow  # a whole run on the patched probe; tests/unit covers the KV cache's sizing
 def test_an_engine_that_cannot_start_is_one_line_naming_the_setting_and_its_log(tmp_path, tiny_model_dir, oxrl):
     result = oxrl(*rl_step(tiny_model_dir, tmp_path / "runs"), env=small_node(tmp_path / "site", 4 * GiB, 16 * 1024**2))
     assert result.returncode == 2, result.stderr[-3000:]

@@ -174,6 +174,7 @@ def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, o
     assert summary["samples"] == 64 * 2 and 0 <= summary["metrics"]["pass@1"] <= 1
 
 
+@pytest.mark.slow  # LoRA merging runs for text in test_sft.py
 def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, sft_runs, oxrl):
     from safetensors.torch import load_file
 
