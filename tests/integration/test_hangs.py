@@ -29,7 +29,10 @@ def pid_in_placement(run: Path, actor: str) -> int:
 
 
 @pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
-@pytest.mark.parametrize("stuck, peer", [pytest.param("rank1", "rank0", marks=pytest.mark.slow), ("engine0", "rank0")],
+# Both in the long lane: the watchdog's deadlines, naming and stacks are unit-tested (tests/unit/test_watch.py); these
+# wait out real deadlines (minutes)
+@pytest.mark.parametrize("stuck, peer", [pytest.param("rank1", "rank0", marks=pytest.mark.slow),
+                                         pytest.param("engine0", "rank0", marks=pytest.mark.slow)],
                          ids=["trainer-rank", "vllm-engine"])
 def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resume(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled, stuck, peer):

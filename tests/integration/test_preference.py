@@ -224,6 +224,7 @@ def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(ox
     assert "eval_reward_mean" in summary["eval_before"] and "eval_reward_mean" in summary["eval_after"]
 
 
+@pytest.mark.slow  # self-play's sampling and filtering run in online DPO's and SPIN's runs
 def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(oxrl, tiny_model_dir, prompts, tmp_path):
     summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
                              "train.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",

@@ -143,7 +143,9 @@ def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refres
 
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
-@pytest.mark.parametrize("signum, to_group", [pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow), (signal.SIGINT, True)],
+# a signal's stop in start-up runs in the whole suite (test_sft.py); these add a step's checkpoint and its resume
+@pytest.mark.parametrize("signum, to_group", [pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
+                                              pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)],
                          ids=["sigterm", "ctrl-c"])
 def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_uninterrupted_weights(
         tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled, two_step_run, signum, to_group):

@@ -89,6 +89,7 @@ def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_an
     assert abs(hf_eval_loss(model, final, REPO / "examples/data/arithmetic_sft_val.jsonl") - summary["eval_loss"]) <= 1e-4
 
 
+@pytest.mark.slow  # vLLM loads saved checkpoints in test_eval.py
 def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, shipped_sft_run):
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
@@ -178,6 +179,7 @@ def token_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
     return torch.log_softmax(logits.double(), dim=-1).gather(-1, torch.tensor(tokens)[:, None]).flatten().tolist()
 
 
+@pytest.mark.slow  # merged LoRA weights reach vLLM in test_rl.py's split-lora-merged run
 def test_adapter_of_a_zero3_lora_run_merges_and_vllm_generates_what_transformers_does(tmp_path, tiny_model_dir, lora_run, oxrl):
     final, merged = lora_run[0] / "final", tmp_path / "merged"
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()

@@ -95,6 +95,7 @@ def test_vlm_sft_checkpoint_reloads_in_transformers_with_the_trainers_eval_loss(
     assert abs(hf_eval_loss(model, AutoProcessor.from_pretrained(final), SFT_VAL) - summary["eval_loss"]) <= 1e-4
 
 
+@pytest.mark.slow  # vLLM scores image prompts in the refreshed-engine test below
 def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path, sft_run):
     picture = tmp_path / "squares.png"
     record = json.loads(SFT_VAL.read_text().splitlines()[0])
