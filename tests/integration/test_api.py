@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the Python API calls the train() every CLI run takes
 def test_readme_python_snippet_trains_sft_then_rl(tmp_path, tiny_model_dir):
     snippet = re.search(r"### From Python.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
     # `oxrl-tiny` already built, as on any run after the first (the build itself is tested in test_tiny_model.py)

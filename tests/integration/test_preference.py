@@ -62,6 +62,7 @@ def paired_summary(paired_examples, alg):
     return summary_of(result, out, alg)
 
 
+@pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(paired_examples):
     for alg in ("ipo", "simpo", "orpo"):
         check_fingerprint(alg, paired_summary(paired_examples, alg))
@@ -86,6 +87,7 @@ def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed
     assert not (model / "dpo" / "reference_logps.pt").exists()
 
 
+@pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_kto_example_widens_the_desirable_undesirable_margin(paired_examples):
     summary = paired_summary(paired_examples, "kto")
     check_fingerprint("kto", summary)
@@ -95,6 +97,7 @@ def test_kto_example_widens_the_desirable_undesirable_margin(paired_examples):
     assert summary["history"][0]["kl_baseline"] == pytest.approx(0.0, abs=1e-4)  # the policy starts as the reference
 
 
+@pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_cpt_example_lowers_the_held_out_language_model_loss(paired_examples):
     summary = paired_summary(paired_examples, "cpt")
     check_fingerprint("cpt", summary)
@@ -115,6 +118,7 @@ def other_tiny_model(tiny_model_dir, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_kd_example_brings_the_student_closer_to_the_teacher(paired_examples):
     summary = paired_summary(paired_examples, "kd")
     check_fingerprint("kd", summary)
@@ -260,6 +264,7 @@ def spin_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
     return out
 
 
+@pytest.mark.slow  # self-play's path runs in online DPO's run
 def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(spin_run):
     summary = json.loads((spin_run / "spin" / "summary.json").read_text())
     check_fingerprint("spin", summary)

@@ -75,7 +75,7 @@ REWARD_ERRORS = ("reward.func=rl_test_rewards:raises_on_odd_length", "reward.on_
 
 
 @pytest.mark.parametrize("alg, extra", [pytest.param("cispo", (), marks=pytest.mark.quick),
-                                        ("sgrpo", ("train.kl_coeff=0.05", *REWARD_ERRORS)),
+                                        pytest.param("sgrpo", ("train.kl_coeff=0.05", *REWARD_ERRORS), marks=pytest.mark.slow),
                                         ("ppo", ("lora.enabled=true", "lora.r=8"))], ids=["cispo", "sgrpo", "ppo-lora"])
 def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
     """Full-weight PPO runs in tests/integration/test_preference.py, on a trained reward model's scores (RLHF)."""
@@ -172,6 +172,7 @@ def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_
         assert history(tmp_path / "run")[0]["step"] == 2  # the resumed run trained step 2 itself
 
 
+@pytest.mark.slow  # reuses SGRPO's run; scoring errors are unit-tested (tests/unit/test_rewards.py)
 def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes_saving_nothing_when_asked(two_step_run, prompts):
     run = two_step_run("sgrpo", "train.kl_coeff=0.05", *REWARD_ERRORS)
     stdout = (run.parent / "stdout.txt").read_text()

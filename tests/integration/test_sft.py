@@ -144,6 +144,7 @@ def lora_run(tmp_path_factory, tiny_model_dir, arithmetic, oxrl) -> tuple[Path, 
     return out / "lora", val
 
 
+@pytest.mark.slow  # LoRA under ZeRO-3 trains in test_rl.py's ppo-lora and split-lora-merged runs
 def test_lora_zero3_adapter_is_non_empty_and_reproduces_the_trainer_eval_loss(tiny_model_dir, lora_run):
     from peft import PeftModel
 
@@ -239,6 +240,7 @@ def test_zero3_with_optimizer_and_parameters_offloaded_trains_the_same_weights(t
     assert max((in_place[k] - initial[k]).abs().max().item() for k in in_place) > 1e-3  # the steps moved the weights
 
 
+@pytest.mark.slow  # records' errors are unit-tested (tests/unit/test_sft_data.py)
 def test_bad_records_are_reported_by_file_and_line_and_skipped(tmp_path, tiny_model_dir, arithmetic, oxrl, monkeypatch):
     data = tmp_path / "mixed.jsonl"
     good = arithmetic["train"].read_text().splitlines()[:8]

@@ -51,7 +51,7 @@ def sft_run(sft_runs) -> Path:
     return sft_runs["full"]
 
 
-@pytest.mark.parametrize("alg", ["dpo", "cispo"])
+@pytest.mark.parametrize("alg", [pytest.param("dpo", marks=pytest.mark.slow), "cispo"])  # images are a data concern
 def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl, alg):
     # CISPO: a reward (share of digits in the response) that gives a signal on the random weights, so the step trains
     rewarded = ["reward.func=rl_test_rewards:digit_share"] if alg == "cispo" else []
