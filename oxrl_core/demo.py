@@ -29,6 +29,25 @@ def run_demo(console: Console, seed: int) -> dict:
     model's initial weights stay fixed). Accuracy is measured on every problem of the task once: the demo shows RL
     correcting what SFT learned, not generalisation to unseen problems (the 0.35M-parameter model memorises the
     200 problems; in one try with 50 of them held out of training, RL moved their accuracy by 0-2 points)."""
+    files = demo_data(seed)
+    name = time.strftime(f"demo-%Y%m%d-%H%M%S-seed{seed}")
+    start = time.perf_counter()
+    console.rule("1/2 SFT: learn the answer format")
+    sft, sft_steps = train_demo_sft(console, files, seed, f"{name}-sft")
+    console.rule("2/2 CISPO: reward right answers")
+    rl, rl_steps = train_demo_rl(console, files, sft["checkpoint"], seed, f"{name}-rl")
+    evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
+    evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
+    plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")
+    return {
+        "sft_eval_loss": sft["eval_loss"], "after_sft": rl["eval_before"], "after_rl": rl["eval_after"],
+        "sft_steps": sft_steps, "rl_steps": rl_steps,
+        "wall_time_s": time.perf_counter() - start, "checkpoint": rl["checkpoint"], "plot": str(plot),
+    }
+
+
+def demo_data(seed: int) -> dict[str, Path]:
+    """The demo's four JSONL files for `seed`: SFT train/val and RL train/val."""
     data = Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic" / f"seed-{seed}"
     rng = random.Random(seed)
     problems = every_arithmetic_problem(MAX_OPERAND)
@@ -40,29 +59,25 @@ def run_demo(console: Console, seed: int) -> dict:
         "rl_train": rng.choices(problems, k=2000),
         "rl_val": problems,
     }
-    files = {name: write_jsonl(rows, data / f"{name}.jsonl") for name, rows in records.items()}
-    name = time.strftime(f"demo-%Y%m%d-%H%M%S-seed{seed}")
-    start = time.perf_counter()
+    return {name: write_jsonl(rows, data / f"{name}.jsonl") for name, rows in records.items()}
 
-    console.rule("1/2 SFT: learn the answer format")
-    sft_config, model_path = load_sl_config(SFT_CONFIG, [
-        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}-sft",
+
+def train_demo_sft(console: Console, files: dict[str, Path], seed: int, name: str) -> tuple[dict, int]:
+    """The demo's SFT run; returns its summary and step count."""
+    config, model_path = load_sl_config(SFT_CONFIG, [
+        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}",
         f"train.seed={seed}"])
-    sft = train(sft_config, model_path, resume=False, console=console)
+    return train(config, model_path, resume=False, console=console), config.train.steps
 
-    console.rule("2/2 CISPO: reward right answers")
-    rl_config, sft_model = load_rl_config(RL_CONFIG, [
-        f"model.name_or_path={sft['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name={name}-rl", f"train.seed={seed}"])
-    rl = train(rl_config, sft_model, resume=False, console=console)
-    evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
-    evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
-    plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")
-    return {
-        "sft_eval_loss": sft["eval_loss"], "after_sft": rl["eval_before"], "after_rl": rl["eval_after"],
-        "sft_steps": sft_config.train.steps, "rl_steps": rl_config.train.steps,
-        "wall_time_s": time.perf_counter() - start, "checkpoint": rl["checkpoint"], "plot": str(plot),
-    }
+
+def train_demo_rl(console: Console, files: dict[str, Path], sft_checkpoint: str, seed: int, name: str,
+                  config_path: Path = RL_CONFIG, overrides: tuple[str, ...] = ()) -> tuple[dict, int]:
+    """The demo's RL run from `sft_checkpoint` (`config_path` and `overrides` let a benchmark change the algorithm);
+    returns its summary and step count."""
+    config, sft_model = load_rl_config(config_path, [
+        f"model.name_or_path={sft_checkpoint}", f"data.train=[{{path: {files['rl_train']}}}]",
+        f"data.val={files['rl_val']}", f"run.name={name}", f"train.seed={seed}", *overrides])
+    return train(config, sft_model, resume=False, console=console), config.train.steps
 
 
 def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:
