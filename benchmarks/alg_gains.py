@@ -1,8 +1,8 @@
 """How much each RL algorithm raises `oxrl demo`'s SFT model on the demo task (the README's algorithm table).
 
 Per seed: the demo's data and SFT run once, then every algorithm's RL run from that SFT checkpoint with the demo's RL
-settings (`oxrl_core/demo_rl.yaml`: 300 steps, 16 prompts x 8 samples, lr 3e-4) except its CISPO-specific advantage
-setting, so each algorithm keeps its own defaults. Accuracy is the demo's: all 200 problems, sampled at temperature 1
+settings (`oxrl_core/demo_rl.yaml`: 16 prompts x 8 samples, lr 3e-4, cosine schedule) for --steps steps (default 150,
+half the demo's) and without its CISPO-specific advantage setting, so each algorithm keeps its own defaults. Accuracy is the demo's: all 200 problems, sampled at temperature 1
 (8 samples each) and greedy, before and after RL. Every run is a fresh process; one JSON line per run goes to --out
 (appended: an interrupted sweep resumes where it stopped), then the table is printed as Markdown.
 
@@ -20,15 +20,16 @@ import yaml
 
 from oxrl_core.demo import RL_CONFIG
 
-ALGS = ["grpo", "dapo", "gspo", "gspo-token", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline"]
+ALGS = ["grpo", "dapo", "gspo", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline"]
 SFT = ("import json, sys; from rich.console import Console; from oxrl_core.demo import demo_data, train_demo_sft; "
        "seed = int(sys.argv[1]); s, _ = train_demo_sft(Console(file=sys.stderr), demo_data(seed), seed, f'gains-sft-seed{seed}'); "
        "print(json.dumps({'checkpoint': s['checkpoint']}))")
 RL = ("import json, sys, time; from pathlib import Path; from rich.console import Console; "
       "from oxrl_core.demo import demo_data, train_demo_rl; "
-      "seed, alg, checkpoint, config = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]); start = time.perf_counter(); "
+      "seed, alg, checkpoint, config, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5]; "
+      "start = time.perf_counter(); "
       "r, steps = train_demo_rl(Console(file=sys.stderr), demo_data(seed), checkpoint, seed, f'gains-{alg}-seed{seed}', "
-      "config, (f'train.alg={alg}',)); "
+      "config, (f'train.alg={alg}', f'train.steps={steps}')); "
       "print(json.dumps({'before': r['eval_before'], 'after': r['eval_after'], 'rl_steps': steps, "
       "'wall_time_s': time.perf_counter() - start}))")
 
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algs", nargs="+", default=ALGS, choices=ALGS)
+    parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
     config = args.out.with_suffix(".rl.yaml")  # the demo's RL settings without CISPO's choice of advantage
@@ -58,12 +60,12 @@ def main() -> None:
             sft = {"kind": "sft", "seed": seed, **run(SFT, str(seed))}
             append(args.out, sft, rows)
         for alg in args.algs:
-            if any(r["kind"] == "rl" and r["seed"] == seed and r["alg"] == alg for r in rows):
+            if any(r["kind"] == "rl" and r["seed"] == seed and r["alg"] == alg and r["rl_steps"] == args.steps for r in rows):
                 continue
-            row = {"kind": "rl", "seed": seed, "alg": alg, **run(RL, str(seed), alg, sft["checkpoint"], str(config))}
+            row = {"kind": "rl", "seed": seed, "alg": alg, **run(RL, str(seed), alg, sft["checkpoint"], str(config), str(args.steps))}
             append(args.out, row, rows)
             print(f"{alg} seed {seed}: sampled {gain(row):+.1f} points, {row['wall_time_s']:.0f} s", flush=True)
-    print(table([r for r in rows if r["kind"] == "rl"]))
+    print(table([r for r in rows if r["kind"] == "rl" and r["rl_steps"] == args.steps]))
 
 
 def append(path: Path, row: dict, rows: list[dict]) -> None:
@@ -77,7 +79,7 @@ def gain(row: dict) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    """Algorithm x seed: sampled accuracy before -> after (gain), greedy after, wall time."""
+    """Algorithm x seed: sampled accuracy before -> after (gain), greedy after, the RL run's wall time."""
     lines = ["| algorithm | seed | sampled before | sampled after | gain (points) | greedy after | wall time |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (ALGS.index(r["alg"]), r["seed"])):
