@@ -95,6 +95,8 @@ class Algorithm:
     # until the batch is full (DAPO's dynamic sampling, at most `rollout.max_sampling_rounds` rounds a step)
     dynamic_sampling: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)  # `train` settings it runs with unless the config sets them
+    # `train` settings its definition fixes, each with why: it would ignore them, so a config that sets one is refused
+    fixed: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None  # its own checks of the run config, before any engine starts
 
     @property

@@ -47,13 +47,10 @@ def make_args(train, batch: GlobalBatch) -> DAPOArgs:
 
 
 def check(config) -> None:
-    """DAPO's aggregation is token-level and it has no KL term: a setting of either would be ignored."""
-    if "loss_agg" in config.train.model_fields_set:
-        raise OxrlError(f"train.loss_agg={config.train.loss_agg!r}: DAPO's loss is token-level by definition; use "
-                        f"--alg sgrpo to choose the aggregation")
+    """DAPO has no KL term: a setting would be ignored."""
     if config.train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: DAPO has no KL term; use 0, or --alg sgrpo for one")
 
 
 ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True,
-                      dynamic_sampling=True, check=check)
+                      dynamic_sampling=True, fixed={"loss_agg": "DAPO's loss is token-level by definition"}, check=check)

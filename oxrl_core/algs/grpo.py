@@ -15,7 +15,6 @@ import torch
 from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.kl import k3
-from oxrl_core.errors import OxrlError
 
 
 def grpo_loss(
@@ -55,13 +54,6 @@ def make_args(train, batch: GlobalBatch) -> GRPOArgs:
     return GRPOArgs(epsilon=train.clip_low, beta=train.kl_coeff, num_seqs=batch.sequences())
 
 
-def check(config) -> None:
-    """GRPO's clip is symmetric and its aggregation fixed: a setting of either would be ignored, so it is refused."""
-    for key, why in (("clip_high", "GRPO clips symmetrically at 1 ± train.clip_low"),
-                     ("loss_agg", "GRPO averages each sample's tokens, then the samples")):
-        if key in config.train.model_fields_set:
-            raise OxrlError(f"train.{key}={getattr(config.train, key)!r}: {why}; use --alg sgrpo to choose it")
-
-
 ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True,
-                      check=check)
+                      fixed={"clip_high": "GRPO clips symmetrically at 1 ± train.clip_low",
+                             "loss_agg": "GRPO averages each sample's tokens, then the samples"})

@@ -55,13 +55,12 @@ def make_args(train, batch: GlobalBatch) -> GSPOArgs:
 
 
 def check(config) -> None:
-    """GSPO averages over samples and has no KL term: a setting of either would be ignored."""
-    if "loss_agg" in config.train.model_fields_set:
-        raise OxrlError(f"train.loss_agg={config.train.loss_agg!r}: GSPO's loss is a mean over samples by definition")
+    """GSPO has no KL term: a setting would be ignored."""
     if config.train.kl_coeff > 0:
         raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: GSPO has no KL term; use 0, or --alg sgrpo for one")
 
 
 DEFAULTS = {"clip_low": 3e-4, "clip_high": 4e-4}
+FIXED = {"loss_agg": "GSPO's loss is a mean over samples by definition"}
 ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True,
-                      defaults=DEFAULTS, check=check)
+                      defaults=DEFAULTS, fixed=FIXED, check=check)

@@ -15,4 +15,4 @@ def make_args(train, batch: GlobalBatch) -> gspo.GSPOArgs:
 
 
 ALGORITHM = Algorithm("gspo-token", "rl", "prompts", gspo.batch_loss, make_args, advantages="group", episodes=True,
-                      defaults=gspo.DEFAULTS, check=gspo.check)
+                      defaults=gspo.DEFAULTS, fixed=gspo.FIXED, check=gspo.check)

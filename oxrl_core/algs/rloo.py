@@ -55,9 +55,8 @@ def check(config) -> None:
     if config.train.sampler_correction.startswith("token"):
         raise OxrlError(f"train.sampler_correction={config.train.sampler_correction!r}: RLOO's ratio is the whole "
                         f"sample's, so is its correction; use sequence-truncate, sequence-mask or none")
-    if "loss_agg" in config.train.model_fields_set:
-        raise OxrlError(f"train.loss_agg={config.train.loss_agg!r}: RLOO's loss is a mean over samples by definition")
 
 
 ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="leave-one-out",
-                      episodes=True, defaults={"clip_high": 0.2, "sampler_correction": "sequence-truncate"}, check=check)
+                      episodes=True, defaults={"clip_high": 0.2, "sampler_correction": "sequence-truncate"},
+                      fixed={"loss_agg": "RLOO's loss is a mean over samples by definition"}, check=check)

@@ -74,6 +74,10 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
         decide(placement_request(config), local_gpus())
     algorithm = ALGORITHMS[train.alg]
+    for key, why in algorithm.fixed.items():
+        if key in train.model_fields_set:
+            raise OxrlError(f"train.{key}={getattr(train, key)!r}: {why}, so --alg {train.alg} takes no such setting; "
+                            f"--alg sgrpo lets you choose it")
     if algorithm.check:
         algorithm.check(config)
     for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise

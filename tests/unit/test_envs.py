@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oxrl_core.algs.cispo import cispo_loss
+from oxrl_core.config.schema import RLTrain
 from oxrl_core.data.records import PromptExample
 from oxrl_core.envs import resolve_env
 from oxrl_core.envs.base import EnvStep
@@ -14,7 +15,7 @@ from oxrl_core.envs.calculator import Calculator
 from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.recipes.policy_gradient import rl_micro_batches, sampler_trainer_gap
+from oxrl_core.loops.recipes.policy_gradient import correct, rl_micro_batches
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
 
@@ -250,9 +251,11 @@ def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
 
 def test_the_logprob_gap_counts_policy_tokens_only():
     per_rank = rl_micro_batches(episode_rollouts(), {"advantages": torch.tensor([1.0, -1.0])}, 1, 2, 0, False)
-    trainer = per_rank[0][0]["sampler_logprobs"].clone()
-    trainer[0, 4:7] = -30.0  # the environment's tokens: anything at all under the trainer
-    assert sampler_trainer_gap(per_rank, [[trainer]])["logprob_gap_abs"] == 0.0
+    batch = per_rank[0][0]
+    batch["old_logprobs"] = batch["sampler_logprobs"].clone()
+    batch["old_logprobs"][0, 4:7] = -30.0  # the environment's tokens: anything at all under the trainer
+    gap = correct([batch], RLTrain())
+    assert gap["logprob_gap_abs"] == 0.0 and gap["logprob_gap_kl"] == 0.0 and gap["is_ratio_max"] == 1.0
 
 
 def test_a_truncated_episode_is_left_out_whole_when_truncated_samples_are_masked():

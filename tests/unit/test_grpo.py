@@ -49,15 +49,19 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
     assert ("kl_ref_sum" in metrics) == (beta > 0)
 
 
-@pytest.mark.parametrize("override, message", [("train.clip_high=0.3", "clips symmetrically"),
-                                               ("train.loss_agg=token-mean", "averages each sample's tokens")])
-def test_grpo_refuses_a_setting_it_would_ignore(tmp_path, override, message):
+@pytest.mark.parametrize("alg, override, message", [("grpo", "train.clip_high=0.3", "clips symmetrically"),
+                                                    ("grpo", "train.loss_agg=token-mean", "averages each sample's tokens"),
+                                                    ("dapo", "train.loss_agg=token-mean", "token-level by definition"),
+                                                    ("gspo", "train.loss_agg=token-mean", "mean over samples"),
+                                                    ("gspo-token", "train.loss_agg=token-mean", "mean over samples"),
+                                                    ("rloo", "train.loss_agg=token-mean", "mean over samples")])
+def test_an_algorithm_refuses_a_setting_its_definition_fixes(tmp_path, alg, override, message):
     from oxrl_core.config.load import load_config
     from oxrl_core.config.schema import RLConfig
 
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    config = load_config(RLConfig, None, ["train.alg=grpo", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
+    config = load_config(RLConfig, None, [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
                                           override])
     with pytest.raises(OxrlError, match=message):
         check_config(config)

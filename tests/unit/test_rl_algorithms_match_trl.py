@@ -148,6 +148,11 @@ def test_the_sampler_trainer_correction_is_trls_in_each_mode_and_so_is_the_corre
     assert torch.allclose(ours[on], theirs.expand(B, T)[on], rtol=1e-12, atol=0)
     assert torch.all(ours[~on] == 1.0)
     assert 0 < stats["is_corrected_tokens"] < on.sum()
+    # the gap it logs in every mode, from the definitions token by token: |log q - log p| and KL(q || p) by k3
+    pairs = [(old[i, t].item(), sampler[i, t].item()) for i in range(B) for t in range(T) if mask[i, t] > 0]
+    assert stats["tokens"] == len(pairs)
+    assert stats["gap_abs_sum"] == pytest.approx(sum(abs(q - p) for p, q in pairs), rel=1e-12)
+    assert stats["gap_kl_sum"] == pytest.approx(sum(math.exp(p - q) - (p - q) - 1 for p, q in pairs), rel=1e-12)
     loss, _ = sgrpo_loss(logp, old, adv, mask, ours, None, clip_low=0.2, clip_high=0.28, kl_coeff=0.0, loss_agg="token-mean",
                          num_tokens=mask.sum().item(), num_seqs=B, max_len=T)
     same_loss_and_gradient(loss, trl_grpo(logp, old, adv, mask, is_ratio=theirs, loss_type="bnpo", epsilon_high=0.28), logp)

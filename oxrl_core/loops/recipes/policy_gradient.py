@@ -78,7 +78,7 @@ class PolicyGradient:
                                     rollout_cfg.mask_truncated)
         old = self.old_logprobs(per_rank, seconds)
         batches = [b for rank in per_rank for b in rank]
-        metrics |= rollout_metrics(rollouts, rewards) | sampler_trainer_gap(per_rank, old) | correct(batches, train)
+        metrics |= rollout_metrics(rollouts, rewards) | correct(batches, train)
         # 3. advantages
         ESTIMATORS[self.alg.advantages](batches, train)
         bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for b in batches]),
@@ -252,30 +252,19 @@ def attach(per_rank: list[list[dict]], key: str, tensors: list[list[torch.Tensor
             batch[key] = tensor
 
 
-def sampler_trainer_gap(per_rank: list[list[dict]], trainer: list[list[torch.Tensor]]) -> dict:
-    """How far vLLM's logprobs are from the trainer's for the same tokens: mean |delta| and a k3 KL estimate."""
-    abs_sum = k3_sum = n = 0.0
-    for rank_batches, rank_logprobs in zip(per_rank, trainer):
-        for batch, logprobs in zip(rank_batches, rank_logprobs):
-            mask = batch["response_mask"] > 0
-            delta = (batch["sampler_logprobs"] - logprobs)[mask]  # log(q_sampler / p_trainer)
-            abs_sum += delta.abs().sum().item()
-            k3_sum += (torch.exp(-delta) + delta - 1).sum().item()  # KL(sampler || trainer), Schulman's k3
-            n += mask.sum().item()
-    return {"logprob_gap_abs": abs_sum / max(n, 1), "logprob_gap_kl": k3_sum / max(n, 1)}
-
-
 def correct(batches: list[dict], train) -> dict:
-    """Each micro-batch's sampler-trainer correction weights (`is_weights`, `train.sampler_correction`); the largest
-    raw weight of the step and the share of its response tokens whose weight was truncated or masked."""
-    ratio_max, corrected, tokens = 0.0, 0, 0
-    for b in batches:
-        b["is_weights"], stats = importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"],
-                                                    train.sampler_correction, train.correction_cap,
-                                                    train.correction_floor)
-        ratio_max, corrected = max(ratio_max, stats["is_ratio_max"]), corrected + stats["is_corrected_tokens"]
-        tokens += b["response_mask"].sum().item()
-    return {"is_ratio_max": ratio_max, "is_corrected_frac": corrected / max(tokens, 1)}
+    """Each micro-batch's sampler-trainer correction weights (`is_weights`, `train.sampler_correction`); how far vLLM's
+    logprobs are from the trainer's for the same tokens (mean |delta| and KL per token), the largest raw weight of the
+    step and the share of its response tokens whose weight was truncated or masked."""
+    stats = [importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"], train.sampler_correction,
+                                train.correction_cap, train.correction_floor) for b in batches]
+    for b, (weights, _) in zip(batches, stats):
+        b["is_weights"] = weights
+    tokens = max(sum(s["tokens"] for _, s in stats), 1)
+    return {"logprob_gap_abs": sum(s["gap_abs_sum"] for _, s in stats) / tokens,
+            "logprob_gap_kl": sum(s["gap_kl_sum"] for _, s in stats) / tokens,
+            "is_ratio_max": max(s["is_ratio_max"] for _, s in stats),
+            "is_corrected_frac": sum(s["is_corrected_tokens"] for _, s in stats) / tokens}
 
 
 def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
