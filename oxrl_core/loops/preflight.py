@@ -38,7 +38,8 @@ def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
     judged = isinstance(config, RLConfig) and config.reward.func == "judge"
     return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if samples else 0,
                             tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
-                            judge=config.reward.judge.placement if judged else None)
+                            judge=config.reward.judge.placement if judged else None,
+                            overlapped=isinstance(config, RLConfig) and rollout.lag > 0)
 
 
 def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
@@ -83,6 +84,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
     for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise
         if key not in train.model_fields_set:
             setattr(train, key, value)
+    if isinstance(config, RLConfig) and config.rollout.lag and "sampler_correction" not in train.model_fields_set:
+        train.sampler_correction = "token-truncate"  # samples k versions old: their weights p_old / q are not near 1
     _check_overlong(config)
 
     env = config.rollout.env

@@ -170,6 +170,38 @@ def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_
         assert history(tmp_path / "run")[0]["step"] == 2  # the resumed run trained step 2 itself
 
 
+def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_and_resumed_run_ends_bit_identical(
+        tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled):
+    """rollout.lag=1: the engines sample step t + 1's batch while step t trains. The run is reproducible whatever the
+    timing: a run stopped by SIGTERM during step 2 (its checkpoint keeps the batch sampled ahead) and resumed ends
+    with the uninterrupted run's losses and weights, bit for bit."""
+    args = lambda name: rl_args("cispo", tiny_model_dir, prompts, tmp_path, name, "train.steps=3", "rollout.lag=1",
+                                "run.checkpoint_every=1", "train.lr=1e-2")
+    whole = oxrl_rl(*args("whole"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    steps = history(tmp_path / "whole")
+    # step 1 trains policy 0's samples; steps 2 and 3 the samples of the policy one update older than the trainer's
+    assert [(s["sample_age_min"], s["sample_age_max"]) for s in steps] == [(0, 0), (1, 1), (1, 1)]
+    assert [s["policy_version"] for s in steps] == [1, 2, 3]
+    assert all(s["grad_norm"] > 0 and "time_wait_for_samples_s" in s for s in steps)
+    config = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())
+    assert config["train"]["sampler_correction"] == "token-truncate"  # lag's default: the samples are off-policy
+    assert steps[1]["logprob_gap_abs"] > 1e-3  # step 2's samples are the old policy's, and the gap shows it
+
+    latest = tmp_path / "resumed" / "ds" / "latest"
+    stopped = oxrl_signalled(args("resumed"), lambda _: latest.is_file(), signal.SIGTERM)  # during step 2
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert latest.read_text() == "step-2" and stopped.leftover_processes == []
+    state = json.loads((tmp_path / "resumed" / "ds" / "step-2" / "oxrl_state.json").read_text())
+    assert len(state["pending"]) == 1 and state["pending"][0]["policy_version"] == 1  # step 3's, sampled by policy 1
+    resumed = oxrl_rl(*args("resumed"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after_resume = history(tmp_path / "resumed")
+    assert [s["step"] for s in after_resume] == [3] and after_resume[0]["loss"] == steps[2]["loss"]
+    a, b = _safetensors(tmp_path / "whole" / "final"), _safetensors(tmp_path / "resumed" / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.slow  # reuses SGRPO's run; scoring errors are unit-tested (tests/unit/test_rewards.py)
 def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes_saving_nothing_when_asked(two_step_run, prompts):
     run = two_step_run("sgrpo", "train.kl_coeff=0.05", *REWARD_ERRORS)

@@ -8,7 +8,7 @@ import pytest
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import RunPosition
-from oxrl_core.loops.recipes.policy_gradient import PolicyGradient
+from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SamplingStopped
 from oxrl_core.rollout.engine import Rollout
 
 N_SAMPLES = 2
@@ -43,8 +43,9 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
 
 def test_uniform_groups_are_dropped_and_the_batch_is_refilled_to_full_size():
     half_uniform = [[1.0, 1.0] if k % 2 else [0.0, 1.0] for k in range(40)]
-    pg, seconds = recipe(half_uniform, groups=4, rounds=10), {}
-    rollouts, metrics = pg.sample(step=1, seconds=seconds)
+    pg = recipe(half_uniform, groups=4, rounds=10)
+    sampled = pg.sample(step=1, timer=pg.run.position.timed)
+    rollouts, metrics, seconds = sampled.rollouts, sampled.metrics, sampled.seconds
     assert len(rollouts) == 4 * N_SAMPLES
     assert [r.group for r in rollouts] == [0, 0, 1, 1, 2, 2, 3, 3]
     for g in range(4):
@@ -55,18 +56,24 @@ def test_uniform_groups_are_dropped_and_the_batch_is_refilled_to_full_size():
                                                     for i in range(len(pg.calls) - 1)]  # each round asks what is missing
     assert metrics["groups_dropped"] == sum(k % 2 for k in drawn) > 0
     assert len(set(drawn)) == len(drawn)  # further prompts, never the same again
+    assert [k for k, _ in sampled.prompts] == [0] * 4 and [i for _, i in sampled.prompts] == [k for k in drawn if k % 2 == 0]
     assert "resample" in seconds and "generate" in seconds
 
 
 def test_when_every_group_is_uniform_the_run_stops_after_its_rounds_with_a_message():
     pg = recipe([[1.0, 1.0]] * 40, groups=4, rounds=3)
-    with pytest.raises(OxrlError, match=r"dynamic sampling: after 3 rounds \(rollout.max_sampling_rounds\) only 0 of the "
-                                        r"4 prompt groups .* \(12 groups scored the same"):
-        pg.sample(step=1, seconds={})
+    before = pg.sampler.state_dict()
+    with pytest.raises(SamplingStopped, match=r"dynamic sampling: after 3 rounds \(rollout.max_sampling_rounds\) only 0 "
+                                              r"of the 4 prompt groups .* \(12 groups scored the same") as stopped:
+        pg.sample(step=1, timer=pg.run.position.timed)
+    with pytest.raises(OxrlError, match="12 groups scored the same.*; stopped at step 1: no step had finished, run again"):
+        pg.stop(0, str(stopped.value))  # what the step does with it
     assert len(pg.calls) == 3
+    assert pg.sampler.state_dict() == before  # --resume draws the stopped step's prompts again
 
 
 def test_without_dynamic_sampling_uniform_groups_are_trained_on():
     pg = recipe([[1.0, 1.0]] * 40, groups=4, rounds=3, dynamic=False)
-    rollouts, metrics = pg.sample(step=1, seconds={})
+    sampled = pg.sample(step=1, timer=pg.run.position.timed)
+    rollouts, metrics = sampled.rollouts, sampled.metrics
     assert len(rollouts) == 8 and len(pg.calls) == 1 and metrics == {"generated_tokens": 24}

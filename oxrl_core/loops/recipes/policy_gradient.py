@@ -1,10 +1,17 @@
 """Policy-gradient RL, one step top to bottom: rollout -> reward -> advantages -> train -> refresh.
 
-The phases run one after the other; after every update the new weights are streamed into the vLLM engines and the
-policy version goes up by one, and every rollout records the version that produced it. A sample can be an episode
-against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`), the same step.
+After every update the new weights are streamed into the vLLM engines and the policy version goes up by one, and
+every rollout records the version that produced it. By default (`rollout.lag: 0`) the phases run one after the
+other. At lag k the engines sample step t + k's batch while step t trains, so step t trains on the samples of the
+policy of k steps earlier: the batches sampled ahead wait in `pending` (kept in checkpoints), and the refresh waits
+for the engines. A sample can be an episode against an environment (`rollout.env`): a rollout concern
+(`rollout/episodes.py`), the same step.
 """
 
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import NoReturn
 
@@ -18,6 +25,7 @@ from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.crash import timed
 from oxrl_core.loops.guards import check_no_trained_padding, check_policy_version, non_finite
 from oxrl_core.loops.harness import Run
 from oxrl_core.rewards.base import RewardUnavailable
@@ -25,6 +33,33 @@ from oxrl_core.rewards.judge import Judge
 from oxrl_core.rewards.length import overlong_penalty
 from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
+
+
+class SamplingStopped(Exception):
+    """Sampling a batch cannot go on (a reward engine failed, dynamic sampling ran out of rounds): why."""
+
+
+@dataclass
+class SampledBatch:
+    """A step's scored samples, the prompts of their groups, and what sampling them measured."""
+    rollouts: list[Rollout]
+    prompts: list[tuple[int, int]]  # each group's prompt: (data source, index)
+    policy_version: int  # the engines' weights while they sampled it
+    metrics: dict
+    seconds: dict
+
+    def state(self) -> dict:
+        """For a checkpoint (JSON): the rollouts without their images, which the prompts give back."""
+        rollouts = [{f.name: getattr(r, f.name) for f in fields(Rollout) if f.name != "images"} for r in self.rollouts]
+        return {"rollouts": rollouts, "prompts": self.prompts, "policy_version": self.policy_version,
+                "metrics": self.metrics, "seconds": self.seconds}
+
+    @classmethod
+    def from_state(cls, state: dict, prompt_sets: list[list[PromptExample]]) -> "SampledBatch":
+        prompts = [tuple(p) for p in state["prompts"]]
+        rollouts = [Rollout(**r, images=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].images))
+                    for r in state["rollouts"]]
+        return cls(rollouts, prompts, state["policy_version"], state["metrics"], state["seconds"])
 
 
 class PolicyGradient:
@@ -53,12 +88,17 @@ class PolicyGradient:
             self.sampler.load_state_dict(run.state["sampler"])
         self.policy_version = run.state.get("policy_version", 0)  # updates the engines' weights have had
         self.bad_steps, self.stopped_early = 0, None
+        self.lag = self.rollout_cfg.lag
+        # the batches of the next steps, sampled ahead (rollout.lag); the sampler has drawn their prompts
+        self.pending = deque(SampledBatch.from_state(b, self.prompt_sets) for b in run.state.get("pending", []))
+        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="sample-ahead") if self.lag else None
 
     def train_examples(self) -> int:
         return sum(len(s) for s in self.prompt_sets)
 
     def loop_state(self) -> dict:
-        return {"sampler": self.sampler.state_dict(), "policy_version": self.policy_version}
+        return {"sampler": self.sampler.state_dict(), "policy_version": self.policy_version,
+                "pending": [b.state() for b in self.pending]}
 
     def start(self) -> None:
         if self.run.state:  # the engines started from the base weights: bring them to the checkpoint's
@@ -66,13 +106,22 @@ class PolicyGradient:
             self.refresh()
 
     def step(self, step: int) -> dict:
-        run, train, rollout_cfg, seconds = self.run, self.train, self.rollout_cfg, {}
-        run.position.policy_version = self.policy_version  # the version sampling this step
-        # 1. rollout and 2. reward
-        rollouts, metrics = self.sample(step, seconds)
+        run, train, rollout_cfg, start = self.run, self.train, self.rollout_cfg, time.perf_counter()
+        run.position.policy_version = self.policy_version  # the trainer's version this step
+        # 1. rollout and 2. reward: this step's batch; at lag k, sampled k steps ago, and step + k's is sampled now
+        while len(self.pending) < max(self.lag, 1):  # lag 0: every step; lag k: a fresh run's first k
+            try:
+                self.pending.append(self.sample(step + len(self.pending), run.position.timed))
+            except SamplingStopped as e:
+                self.stop(step - 1, str(e))
+        sampled = self.pending.popleft()
+        ahead = self.ahead.submit(self.sample, step + self.lag, timed) if self.lag else None
+        rollouts, metrics, seconds = sampled.rollouts, dict(sampled.metrics), dict(sampled.seconds)
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly this policy version
-            check_policy_version([r.policy_version for r in rollouts], self.policy_version)
+        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly the version the schedule says
+            check_policy_version([r.policy_version for r in rollouts], sampled.policy_version)
+        ages = [self.policy_version - r.policy_version for r in rollouts]
+        metrics |= {"sample_age_min": min(ages), "sample_age_mean": sum(ages) / len(ages), "sample_age_max": max(ages)}
         per_sample = {"rewards": rewards, "group_ids": torch.tensor([r.group for r in rollouts])}
         per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
                                     rollout_cfg.mask_truncated)
@@ -91,50 +140,66 @@ class PolicyGradient:
         else:
             self.bad_steps = 0
             metrics |= self.update(per_rank, step, seconds)
+        if ahead:  # the engines finish step + k's batch under the weights they have before the refresh
+            with run.position.timed(seconds, "wait_for_samples"):
+                try:
+                    self.pending.append(ahead.result())
+                except SamplingStopped as e:
+                    if not bad:  # step's update is kept: the engines take it, then the checkpoint
+                        self.refresh()
+                    self.stop(step, str(e))
         # 5. refresh
         if not bad:
             with run.position.timed(seconds, "refresh"):
                 self.refresh()
         metrics |= phase_metrics(seconds, metrics.pop("generated_tokens"))
-        metrics["policy_version"] = self.policy_version
+        metrics |= {"policy_version": self.policy_version, "time_step_s": time.perf_counter() - start}
         if self.bad_steps >= train.max_bad_steps:
             run.console.print(f"[red]stopping:[/] {self.bad_steps} consecutive steps had non-finite values; checkpoint "
                               f"of the last good weights follows")
             self.stopped_early = f"{self.bad_steps} consecutive non-finite steps"
         return metrics
 
-    def sample(self, step: int, seconds: dict) -> tuple[list[Rollout], dict]:
-        """The step's scored samples, `rollout.n_samples` per prompt, each prompt's group numbered in order. With
-        dynamic sampling (DAPO), a group whose rewards are all equal is dropped and the missing groups are sampled
-        from further prompts, `rollout.max_sampling_rounds` rounds at most; the rounds after the first are timed as
-        `resample`."""
-        cfg, step_start = self.rollout_cfg, self.sampler.state_dict()
-        needed, kept, generated, dropped = self.train.batch_size // cfg.n_samples, [], 0, 0
+    def sample(self, step: int, timer) -> SampledBatch:
+        """Step `step`'s scored samples, `rollout.n_samples` per prompt, each prompt's group numbered in order, timed
+        by `timer` (the run's position in the loop, or a plain clock ahead of it). With dynamic sampling (DAPO), a
+        group whose rewards are all equal is dropped and the missing groups are sampled from further prompts,
+        `rollout.max_sampling_rounds` rounds at most; the rounds after the first are timed as `resample`. Raises
+        SamplingStopped, the sampler back where it was, if the batch cannot be made."""
+        cfg, step_start, seconds, version = self.rollout_cfg, self.sampler.state_dict(), {}, self.policy_version
+        needed, kept, refs, generated, dropped = self.train.batch_size // cfg.n_samples, [], [], 0, 0
         rounds = cfg.max_sampling_rounds if self.alg.dynamic_sampling else 1
-        for attempt in range(rounds):
-            prompts = [self.prompt_sets[src][i] for src, i in self.sampler.next_batch(needed - len(kept))]
-            with self.run.position.timed(seconds, "generate" if attempt == 0 else "resample"):
-                rollouts = self.generate(prompts, cfg.n_samples, cfg.temperature,
-                                         self.train.seed * 1_000_003 + step + attempt * 500_009)
-            self.score(rollouts, prompts, step, step_start, seconds)
-            generated += sum(len(r.response_ids) for r in rollouts)
-            groups = [[r for r in rollouts if r.group == g] for g in range(len(prompts))]
-            varied = [g for g in groups if not self.alg.dynamic_sampling or len({r.reward for r in g}) > 1]
-            kept, dropped = kept + varied, dropped + len(groups) - len(varied)
-            if len(kept) == needed:
-                break
-        else:
-            self.stop(step, step_start, f"dynamic sampling: after {rounds} rounds (rollout.max_sampling_rounds) only "
-                                        f"{len(kept)} of the {needed} prompt groups a step needs had rewards that "
-                                        f"differ ({dropped} groups scored the same for every sample); use more rounds, "
-                                        f"or prompts the model solves sometimes but not always")
+        try:
+            for attempt in range(rounds):
+                drawn = self.sampler.next_batch(needed - len(kept))
+                prompts = [self.prompt_sets[src][i] for src, i in drawn]
+                with timer(seconds, "generate" if attempt == 0 else "resample"):
+                    rollouts = self.generate(prompts, cfg.n_samples, cfg.temperature,
+                                             self.train.seed * 1_000_003 + step + attempt * 500_009)
+                self.score(rollouts, prompts, step, seconds, timer)
+                generated += sum(len(r.response_ids) for r in rollouts)
+                for ref, group in zip(drawn, [[r for r in rollouts if r.group == g] for g in range(len(prompts))]):
+                    if not self.alg.dynamic_sampling or len({r.reward for r in group}) > 1:
+                        kept, refs = kept + [group], refs + [tuple(ref)]
+                    else:
+                        dropped += 1
+                if len(kept) == needed:
+                    break
+            else:
+                raise SamplingStopped(
+                    f"dynamic sampling: after {rounds} rounds (rollout.max_sampling_rounds) only {len(kept)} of the "
+                    f"{needed} prompt groups a step needs had rewards that differ ({dropped} groups scored the same "
+                    f"for every sample); use more rounds, or prompts the model solves sometimes but not always")
+        except SamplingStopped:
+            self.sampler.load_state_dict(step_start)
+            raise
         for group, samples in enumerate(kept):
             for r in samples:
                 r.group = group
         metrics = {"generated_tokens": generated}
         if self.alg.dynamic_sampling:
             metrics |= {"groups_dropped": dropped, "sampling_rounds": attempt + 1}
-        return [r for samples in kept for r in samples], metrics
+        return SampledBatch([r for samples in kept for r in samples], refs, version, metrics, seconds)
 
     def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
         pool = self.run.pool
@@ -143,15 +208,15 @@ class PolicyGradient:
                                 self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
         return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
 
-    def score(self, rollouts: list[Rollout], prompts: list[PromptExample], step: int, step_start: dict, seconds: dict) -> None:
+    def score(self, rollouts: list[Rollout], prompts: list[PromptExample], step: int, seconds: dict, timer) -> None:
         """Rewards, less DAPO's soft overlong penalty when `reward.overlong_buffer` is set. A reward engine that
-        fails (a judge's) stops the run."""
+        fails (a judge's) raises SamplingStopped."""
         run, reward_cfg = self.run, self.run.config.reward
         try:
-            with run.position.timed(seconds, "reward"):
+            with timer(seconds, "reward"):
                 run.score(rollouts, [p.record for p in prompts], step)
         except RewardUnavailable as e:
-            self.stop(step, step_start, str(e))
+            raise SamplingStopped(str(e)) from None
         if reward_cfg.overlong_buffer:
             limit = self.env.max_episode_tokens if self.new_env else self.rollout_cfg.max_tokens
             for r in rollouts:
@@ -160,16 +225,15 @@ class PolicyGradient:
         if isinstance(run.reward_fn, Judge):
             seconds["judge"] = run.reward_fn.engine_seconds  # part of the reward phase
 
-    def stop(self, step: int, step_start: dict, why: str) -> NoReturn:
-        """End the run in `step` with nothing of it trained: the last step's weights are kept (a checkpoint) and
-        --resume samples this step's prompts again."""
+    def stop(self, last_trained: int, why: str) -> NoReturn:
+        """End the run after step `last_trained`: its weights are kept (a checkpoint) and --resume samples the
+        batch that could not be made again."""
         run = self.run
-        self.sampler.load_state_dict(step_start)
-        if step > run.first_step:
-            run.save(step - 1, final=False, loop_state=self.loop_state())
-        raise OxrlError(f"{why}; stopped at step {step}: " + (
-            f"step {step - 1}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
-            if step > 1 else "no step had finished, run again")) from None
+        if last_trained >= run.first_step:
+            run.save(last_trained, final=False, loop_state=self.loop_state())
+        raise OxrlError(f"{why}; stopped at step {last_trained + 1}: " + (
+            f"step {last_trained}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
+            if last_trained >= 1 else "no step had finished, run again")) from None
 
     def old_logprobs(self, per_rank: list[list[dict]], seconds: dict) -> list[list[torch.Tensor]]:
         """The trainer's logprobs of the sampled tokens before the update (and PPO's old values, the reference's
