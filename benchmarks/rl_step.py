@@ -422,7 +422,7 @@ def main() -> None:
     length = config.rollout.max_prompt_len + step["response_length"]  # every prompt is exactly max_prompt_len tokens
     tokens = config.train.batch_size * length
     phases = ("generate", "reward", "logprobs", "train", "refresh")
-    step_s = sum(step[f"time_{p}_s"] for p in phases)
+    step_s = step["time_step_s"]  # wall time: at rollout.lag > 0 generation overlaps the other phases
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
     # forward, over the full (unmasked) T x T as PaLM does
     shape = (QWEN25_SHAPES | QWEN25_VL_SHAPES)[args.shape]

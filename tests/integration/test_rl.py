@@ -189,7 +189,8 @@ def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_an
     assert steps[1]["logprob_gap_abs"] > 1e-3  # step 2's samples are the old policy's, and the gap shows it
 
     latest = tmp_path / "resumed" / "ds" / "latest"
-    stopped = oxrl_signalled(args("resumed"), lambda _: latest.is_file(), signal.SIGTERM)  # during step 2
+    stopped = oxrl_signalled(args("resumed"), lambda _: latest.is_file(), signal.SIGTERM,  # during step 2
+                             env={"PYTHONPATH": str(HERE)})
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert latest.read_text() == "step-2" and stopped.leftover_processes == []
     state = json.loads((tmp_path / "resumed" / "ds" / "step-2" / "oxrl_state.json").read_text())

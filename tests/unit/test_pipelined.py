@@ -1,0 +1,46 @@
+"""Pipelined RL (rollout.lag): its settings and the batches sampled ahead that a checkpoint keeps."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from oxrl_core.config.load import load_config
+from oxrl_core.config.schema import RLConfig
+from oxrl_core.loops.preflight import check_config
+from oxrl_core.loops.recipes.policy_gradient import SampledBatch
+from oxrl_core.rollout.engine import Rollout
+
+
+@pytest.mark.parametrize("alg, overrides, correction", [("cispo", [], "token-truncate"),
+                                                       ("cispo", ["train.sampler_correction=none"], "none"),
+                                                       ("rloo", [], "sequence-truncate")])  # the algorithm's own
+def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_says_otherwise(tmp_path, alg, overrides,
+                                                                                           correction):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    base = [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
+    lagged = load_config(RLConfig, None, [*base, "rollout.lag=1", *overrides])
+    check_config(lagged)
+    assert lagged.train.sampler_correction == correction
+    on_policy = load_config(RLConfig, None, base)
+    check_config(on_policy)
+    assert on_policy.train.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
+
+
+def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_images():
+    image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    prompt_sets = [[SimpleNamespace(images=())], [SimpleNamespace(images=()), SimpleNamespace(images=(image,))]]
+    rollouts = [Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, images=(image,)),
+                Rollout(1, [1], [5], [-1 / 3], "length", 4, reward=-1.0, policy_mask=[1], env_reward=0.5)]
+    batch = SampledBatch(rollouts, [(1, 1), (0, 0)], 4, {"generated_tokens": 3}, {"generate": 1.5})
+    back = SampledBatch.from_state(json.loads(json.dumps(batch.state())), prompt_sets)
+    assert back.prompts == batch.prompts and back.policy_version == 4
+    assert back.metrics == batch.metrics and back.seconds == batch.seconds
+    for a, b in zip(back.rollouts, rollouts):
+        assert (a.group, a.prompt_ids, a.response_ids, a.finish_reason, a.policy_version, a.reward, a.policy_mask,
+                a.env_reward) == (b.group, b.prompt_ids, b.response_ids, b.finish_reason, b.policy_version, b.reward,
+                                  b.policy_mask, b.env_reward)
+        assert a.sampler_logprobs == b.sampler_logprobs  # floats exactly: JSON keeps every bit of a float
+        assert len(a.images) == len(b.images) and all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
