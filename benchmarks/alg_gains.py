@@ -53,6 +53,7 @@ def main() -> None:
     settings = yaml.safe_load(RL_CONFIG.read_text())
     for key in ("alg", "adv_std_norm"):
         settings["train"].pop(key)
+    settings["train"]["eval_every"] = 0  # before and after only: evaluation does not touch training
     config.write_text(yaml.safe_dump(settings))
     for seed in args.seeds:
         sft = next((r for r in rows if r["kind"] == "sft" and r["seed"] == seed), None)
