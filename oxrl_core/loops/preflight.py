@@ -84,6 +84,9 @@ def check_config(config: SLConfig | RLConfig) -> str:
     for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise
         if key not in train.model_fields_set:
             setattr(train, key, value)
+    if isinstance(config, SLConfig) and config.rollout.lag:
+        raise OxrlError(f"rollout.lag={config.rollout.lag}: pipelined sampling is for `oxrl train rl`; --alg "
+                        f"{train.alg} samples, then trains on what it sampled; remove the setting")
     if isinstance(config, RLConfig) and config.rollout.lag and "sampler_correction" not in train.model_fields_set:
         train.sampler_correction = "token-truncate"  # samples k versions old: their weights p_old / q are not near 1
     _check_overlong(config)

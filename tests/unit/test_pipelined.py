@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from oxrl_core.config.load import load_config
-from oxrl_core.config.schema import RLConfig
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
 from oxrl_core.loops.preflight import check_config
 from oxrl_core.loops.recipes.policy_gradient import SampledBatch
 from oxrl_core.rollout.engine import Rollout
@@ -44,3 +45,12 @@ def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_wit
                                   b.policy_mask, b.env_reward)
         assert a.sampler_logprobs == b.sampler_logprobs  # floats exactly: JSON keeps every bit of a float
         assert len(a.images) == len(b.images) and all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
+
+
+def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    config = load_config(SLConfig, None, ["train.alg=rft", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
+                                          "rollout.lag=1"])
+    with pytest.raises(OxrlError, match="rollout.lag=1: pipelined sampling is for `oxrl train rl`; --alg rft"):
+        check_config(config)
