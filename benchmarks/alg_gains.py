@@ -26,9 +26,9 @@ SFT = ("import json, sys; from rich.console import Console; from oxrl_core.demo 
        "print(json.dumps({'checkpoint': s['checkpoint']}))")
 RL = ("import json, sys, time; from pathlib import Path; from rich.console import Console; "
       "from oxrl_core.demo import demo_data, train_demo_rl; "
-      "seed, alg, checkpoint, config, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5]; "
+      "seed, alg, checkpoint, config, steps, name = int(sys.argv[1]), *sys.argv[2:4], Path(sys.argv[4]), *sys.argv[5:7]; "
       "start = time.perf_counter(); "
-      "r, steps = train_demo_rl(Console(file=sys.stderr), demo_data(seed), checkpoint, seed, f'gains-{alg}-seed{seed}', "
+      "r, steps = train_demo_rl(Console(file=sys.stderr), demo_data(seed), checkpoint, seed, name, "
       "config, (f'train.alg={alg}', f'train.steps={steps}')); "
       "print(json.dumps({'before': r['eval_before'], 'after': r['eval_after'], 'rl_steps': steps, "
       "'wall_time_s': time.perf_counter() - start}))")
@@ -48,7 +48,6 @@ def main() -> None:
     parser.add_argument("--algs", nargs="+", default=ALGS, choices=ALGS)
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args()
-    rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
     config = args.out.with_suffix(".rl.yaml")  # the demo's RL settings without CISPO's choice of advantage
     settings = yaml.safe_load(RL_CONFIG.read_text())
     for key in ("alg", "adv_std_norm"):
@@ -56,23 +55,28 @@ def main() -> None:
     settings["train"]["eval_every"] = 0  # before and after only: evaluation does not touch training
     config.write_text(yaml.safe_dump(settings))
     for seed in args.seeds:
-        sft = next((r for r in rows if r["kind"] == "sft" and r["seed"] == seed), None)
-        if sft is None or not Path(sft["checkpoint"]).exists():
-            sft = {"kind": "sft", "seed": seed, **run(SFT, str(seed))}
-            append(args.out, sft, rows)
         for alg in args.algs:
+            rows = read(args.out)  # afresh: another sweep may share the file (say, one seed each)
             if any(r["kind"] == "rl" and r["seed"] == seed and r["alg"] == alg and r["rl_steps"] == args.steps for r in rows):
                 continue
-            row = {"kind": "rl", "seed": seed, "alg": alg, **run(RL, str(seed), alg, sft["checkpoint"], str(config), str(args.steps))}
-            append(args.out, row, rows)
+            sft = next((r for r in rows if r["kind"] == "sft" and r["seed"] == seed and Path(r["checkpoint"]).exists()), None)
+            if sft is None:
+                sft = {"kind": "sft", "seed": seed, **run(SFT, str(seed))}
+                append(args.out, sft)
+            row = {"kind": "rl", "seed": seed, "alg": alg, **run(RL, str(seed), alg, sft["checkpoint"], str(config), str(args.steps),
+                                                             f"gains-{alg.replace('+', 'p')}-seed{seed}")}  # run.name: no +
+            append(args.out, row)
             print(f"{alg} seed {seed}: sampled {gain(row):+.1f} points, {row['wall_time_s']:.0f} s", flush=True)
-    print(table([r for r in rows if r["kind"] == "rl" and r["rl_steps"] == args.steps]))
+    print(table([r for r in read(args.out) if r["kind"] == "rl" and r["rl_steps"] == args.steps]))
 
 
-def append(path: Path, row: dict, rows: list[dict]) -> None:
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def append(path: Path, row: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
-    rows.append(row)
 
 
 def gain(row: dict) -> float:
