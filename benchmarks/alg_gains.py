@@ -1,4 +1,5 @@
-"""How much each RL algorithm raises `oxrl demo`'s SFT model on the demo task (the README's algorithm table).
+"""How much each RL algorithm, and CISPO pipelined, raises `oxrl demo`'s SFT model on the demo task (the README's
+algorithm table and its pipelined-RL table).
 
 Per seed: the demo's data and SFT run once, then every algorithm's RL run from that SFT checkpoint with the demo's RL
 settings (`oxrl_core/demo_rl.yaml`: 16 prompts x 8 samples, lr 3e-4, cosine schedule) for --steps steps (default 150,
@@ -6,7 +7,7 @@ half the demo's) and without its CISPO-specific advantage setting, so each algor
 (8 samples each) and greedy, before and after RL. Every run is a fresh process; one JSON line per run goes to --out
 (appended: an interrupted sweep resumes where it stopped), then the table is printed as Markdown.
 
-    python benchmarks/alg_gains.py --out benchmarks/results/alg_gains.<cpu>.jsonl [--seeds 0 1 2] [--algs grpo dapo]
+    python benchmarks/alg_gains.py --out benchmarks/results/alg_gains.<cpu>.jsonl [--seeds 0 1 2] [--runs grpo dapo]
 """
 
 import argparse
@@ -21,6 +22,10 @@ import yaml
 from oxrl_core.demo import RL_CONFIG
 
 ALGS = ["grpo", "dapo", "gspo", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline"]
+# a run: its algorithm and settings; CISPO (the demo's algorithm) strictly on-policy, at lag 1 and asynchronous
+RUNS = {alg: (alg, ()) for alg in ALGS} | {
+    "cispo": ("cispo", ()), "cispo-lag1": ("cispo", ("rollout.lag=1",)),
+    "cispo-async2": ("cispo", ("rollout.max_staleness=2",))}
 SFT = ("import json, sys; from rich.console import Console; from oxrl_core.demo import demo_data, train_demo_sft; "
        "seed = int(sys.argv[1]); s, _ = train_demo_sft(Console(file=sys.stderr), demo_data(seed), seed, f'gains-sft-seed{seed}'); "
        "print(json.dumps({'checkpoint': s['checkpoint']}))")
@@ -29,7 +34,7 @@ RL = ("import json, sys, time; from pathlib import Path; from rich.console impor
       "seed, alg, checkpoint, config, steps, name = int(sys.argv[1]), *sys.argv[2:4], Path(sys.argv[4]), *sys.argv[5:7]; "
       "start = time.perf_counter(); "
       "r, steps = train_demo_rl(Console(file=sys.stderr), demo_data(seed), checkpoint, seed, name, "
-      "config, (f'train.alg={alg}', f'train.steps={steps}')); "
+      "config, (f'train.alg={alg}', f'train.steps={steps}', *sys.argv[7:])); "
       "print(json.dumps({'before': r['eval_before'], 'after': r['eval_after'], 'rl_steps': steps, "
       "'wall_time_s': time.perf_counter() - start}))")
 
@@ -45,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--algs", nargs="+", default=ALGS, choices=ALGS)
+    parser.add_argument("--runs", nargs="+", default=ALGS, choices=list(RUNS))
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args()
     config = args.out.with_suffix(".rl.yaml")  # the demo's RL settings without CISPO's choice of advantage
@@ -55,18 +60,19 @@ def main() -> None:
     settings["train"]["eval_every"] = 0  # before and after only: evaluation does not touch training
     config.write_text(yaml.safe_dump(settings))
     for seed in args.seeds:
-        for alg in args.algs:
+        for name in args.runs:
             rows = read(args.out)  # afresh: another sweep may share the file (say, one seed each)
-            if any(r["kind"] == "rl" and r["seed"] == seed and r["alg"] == alg and r["rl_steps"] == args.steps for r in rows):
+            if any(r["kind"] == "rl" and r["seed"] == seed and r["alg"] == name and r["rl_steps"] == args.steps for r in rows):
                 continue
             sft = next((r for r in rows if r["kind"] == "sft" and r["seed"] == seed and Path(r["checkpoint"]).exists()), None)
             if sft is None:
                 sft = {"kind": "sft", "seed": seed, **run(SFT, str(seed))}
                 append(args.out, sft)
-            row = {"kind": "rl", "seed": seed, "alg": alg, **run(RL, str(seed), alg, sft["checkpoint"], str(config), str(args.steps),
-                                                             f"gains-{alg.replace('+', 'p')}-seed{seed}")}  # run.name: no +
+            alg, overrides = RUNS[name]
+            row = {"kind": "rl", "seed": seed, "alg": name, **run(RL, str(seed), alg, sft["checkpoint"], str(config), str(args.steps),
+                                                              f"gains-{name.replace('+', 'p')}-seed{seed}", *overrides)}  # run.name: no +
             append(args.out, row)
-            print(f"{alg} seed {seed}: sampled {gain(row):+.1f} points, {row['wall_time_s']:.0f} s", flush=True)
+            print(f"{name} seed {seed}: sampled {gain(row):+.1f} points, {row['wall_time_s']:.0f} s", flush=True)
     print(table([r for r in read(args.out) if r["kind"] == "rl" and r["rl_steps"] == args.steps]))
 
 
@@ -84,10 +90,10 @@ def gain(row: dict) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    """Algorithm x seed: sampled accuracy before -> after (gain), greedy after, the RL run's wall time."""
-    lines = ["| algorithm | seed | sampled before | sampled after | gain (points) | greedy after | wall time |",
+    """Run x seed: sampled accuracy before -> after (gain), greedy after, the RL run's wall time."""
+    lines = ["| run | seed | sampled before | sampled after | gain (points) | greedy after | wall time |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (ALGS.index(r["alg"]), r["seed"])):
+    for r in sorted(rows, key=lambda r: (list(RUNS).index(r["alg"]), r["seed"])):
         lines.append(f"| {r['alg']} | {r['seed']} | {100 * r['before']['eval_accuracy']:.1f}% | "
                      f"{100 * r['after']['eval_accuracy']:.1f}% | {gain(r):+.1f} | "
                      f"{100 * r['after']['eval_accuracy_greedy']:.1f}% | {r['wall_time_s']:.0f} s |")

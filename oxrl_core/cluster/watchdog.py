@@ -93,23 +93,34 @@ class ActorWatch:
     def get(self, refs: list, phase: str, units: int = 1) -> list:
         """`ray.get(refs)` within the phase's deadline. An actor's error is raised as soon as it arrives (a peer of
         a dead rank may wait in a collective forever); past the deadline, `Hang`."""
-        bound, start = self.deadlines.bound(phase, units), time.monotonic()
-        pending, values = list(refs), {}
+        start, pending, values = time.monotonic(), list(refs), {}
         while pending:
-            left = None if bound is None else bound - (time.monotonic() - start)
-            if left is not None and left <= 0:
-                raise self._hang(pending, phase, time.monotonic() - start, bound)
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            try:
-                values.update(zip(ready, ray.get(ready)))
-            except ray.exceptions.RayError as e:  # the actor's error, or its death: named for the crash report
-                watched = self._actors.get(ready[0].task_id().actor_id())
-                if watched is not None:
-                    e.actor = watched.name
-                    e.add_note(f"in {watched.name} (its log: {watched.log_path})")
-                raise
+            ref, values[ref] = self._next(pending, phase, units, start)
+            pending.remove(ref)
         self.deadlines.record(phase, units, time.monotonic() - start)
         return [values[ref] for ref in refs]
+
+    def first(self, refs: list, phase: str) -> tuple:
+        """The first of `refs` to be ready and its value, as `get` waits for each."""
+        start = time.monotonic()
+        ref, value = self._next(refs, phase, 1, start)
+        self.deadlines.record(phase, 1, time.monotonic() - start)
+        return ref, value
+
+    def _next(self, pending: list, phase: str, units: int, start: float) -> tuple:
+        bound = self.deadlines.bound(phase, units)
+        left = None if bound is None else bound - (time.monotonic() - start)
+        ready = ray.wait(pending, num_returns=1, timeout=None if left is None else max(left, 0))[0]
+        if not ready:
+            raise self._hang(pending, phase, time.monotonic() - start, bound)
+        try:
+            return ready[0], ray.get(ready[0])
+        except ray.exceptions.RayError as e:  # the actor's error, or its death: named for the crash report
+            watched = self._actors.get(ready[0].task_id().actor_id())
+            if watched is not None:
+                e.actor = watched.name
+                e.add_note(f"in {watched.name} (its log: {watched.log_path})")
+            raise
 
     def _hang(self, pending: list, phase: str, waited: float, bound: float) -> Hang:
         stuck = {ref.task_id().actor_id() for ref in pending}

@@ -1,5 +1,5 @@
-"""The run's guards, checked by the loops on every step before any update: samples of the current policy version,
-no trained padding, no non-finite values."""
+"""The run's guards, checked by the loops on every step before any update: samples of the policy version the run's
+schedule says (or no staler than its bound), no trained padding, no non-finite values."""
 
 import torch
 
@@ -18,6 +18,16 @@ def check_policy_version(versions: list[int], expected: int) -> None:
             f"({len(stale)} of {len(versions)} samples from another version); rollout.force_strict_on_policy=true "
             f"refuses them"
         )
+
+
+def check_staleness(ages: list[int], bound: int) -> None:
+    """Every sample at most `bound` policy versions older than the trainer (rollout.max_staleness)."""
+    stale = [(i, age) for i, age in enumerate(ages) if age > bound]
+    if stale:
+        i, age = stale[0]
+        raise StalePolicyError(
+            f"sample {i} is {age} policy versions older than the trainer, more than rollout.max_staleness={bound} "
+            f"({len(stale)} of {len(ages)} samples); rollout.force_strict_on_policy=true refuses them")
 
 
 def check_no_trained_padding(response_mask: torch.Tensor, attention_mask: torch.Tensor) -> None:

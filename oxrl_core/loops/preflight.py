@@ -39,7 +39,7 @@ def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
     return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if samples else 0,
                             tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
                             judge=config.reward.judge.placement if judged else None,
-                            overlapped=isinstance(config, RLConfig) and rollout.lag > 0)
+                            overlapped=isinstance(config, RLConfig) and (rollout.lag > 0 or rollout.max_staleness > 0))
 
 
 def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
@@ -84,10 +84,15 @@ def check_config(config: SLConfig | RLConfig) -> str:
     for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise
         if key not in train.model_fields_set:
             setattr(train, key, value)
-    if isinstance(config, SLConfig) and config.rollout.lag:
-        raise OxrlError(f"rollout.lag={config.rollout.lag}: pipelined sampling is for `oxrl train rl`; --alg "
-                        f"{train.alg} samples, then trains on what it sampled; remove the setting")
-    if isinstance(config, RLConfig) and config.rollout.lag and "sampler_correction" not in train.model_fields_set:
+    rollout = config.rollout
+    for key in ("lag", "max_staleness"):
+        if isinstance(config, SLConfig) and getattr(rollout, key):
+            raise OxrlError(f"rollout.{key}={getattr(rollout, key)}: pipelined sampling is for `oxrl train rl`; --alg "
+                            f"{train.alg} samples, then trains on what it sampled; remove the setting")
+    if rollout.lag and rollout.max_staleness:
+        raise OxrlError(f"rollout.lag={rollout.lag} and rollout.max_staleness={rollout.max_staleness}: choose one, a "
+                        f"fixed lag (reproducible) or asynchronous sampling with a staleness bound (faster)")
+    if isinstance(config, RLConfig) and (rollout.lag or rollout.max_staleness) and "sampler_correction" not in train.model_fields_set:
         train.sampler_correction = "token-truncate"  # samples k versions old: their weights p_old / q are not near 1
     _check_overlong(config)
 

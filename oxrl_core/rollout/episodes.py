@@ -1,10 +1,10 @@
 """Rollouts as episodes against an environment (`envs/`), turn by turn.
 
-Every live episode of a step takes its next turn in one generate call (vLLM reuses each episode's cached prefix);
-between turns the environment answers each one here, and its messages, rendered by the chat template, are appended
-to the episode's tokens. An episode is one `Rollout` whose response is everything after the prompt: the policy's
-tokens (policy_mask 1: trained, and in the logprob gap) and, between its messages, the environment's and the
-template's (policy_mask 0: never trained).
+Each episode goes at its own pace: the moment a policy message ends, the environment answers it and the episode's
+next turn goes to the same engine (vLLM reuses its cached prefix), whatever the other episodes are doing; no turn
+waits for the slowest episode (`stream.py`). An episode is one `Rollout` whose response is everything after the
+prompt: the policy's tokens (policy_mask 1: trained, and in the logprob gap) and, between its messages, the
+environment's and the template's (policy_mask 0: never trained).
 
 An episode ends when the environment says it is done; after `max_turns` policy messages; when a policy message is
 cut by rollout.max_tokens; or when the environment's answer would not leave room for another token within
@@ -13,13 +13,13 @@ rollout.mask_truncated applies); an episode cut by max_turns has finish reason "
 environment.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from oxrl_core.data.records import PromptExample
 from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.engine import Completion, Rollout, SampleRequest, sample_seed
 
 MAX_TURNS = 16  # a turn's seeds are spaced within a step's by this
 _MARK = "\x00ASSISTANT\x00"
@@ -64,49 +64,56 @@ class _Episode:
     policy_version: int | None = None
     finish_reason: str = "stop"
     reward: float | None = None
+    turns: int = 0
 
 
-def run_episodes(generate: Callable[..., list[Rollout]], prompts: list[PromptExample], n: int, temperature: float,
-                 seed_base: int, new_env: Callable[[], Environment], template: TurnTemplate, max_turns: int,
-                 max_tokens: int, max_episode_tokens: int) -> list[Rollout]:
-    """`n` episodes of each prompt, sorted by prompt (`Rollout.group`). `generate(contexts, n, temperature,
-    seed_base, images, max_tokens)` is the pool's; `new_env()` builds an episode's environment."""
+def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[PromptExample], n: int,
+                    temperature: float, top_p: float, seed_base: int, new_env: Callable[[], Environment],
+                    template: TurnTemplate, max_turns: int, max_tokens: int, max_episode_tokens: int
+                    ) -> Iterator[tuple[int, Rollout]]:
+    """`n` episodes of each prompt (`Rollout.group`: its prompt's index), each yielded when it ends with its number
+    (prompt i's j-th episode is i * n + j). `stream(requests,
+    groups, follow_up)` is the pool's; `new_env()` builds an episode's environment. Episode k's turn t is seeded by
+    both, so a rerun samples alike."""
     episodes = [_Episode(group, new_env()) for group in range(len(prompts)) for _ in range(n)]
     for episode in episodes:
         episode.env.reset(prompts[episode.group].record)
-    live = episodes
-    for turn in range(max_turns):
-        contexts = [prompts[e.group].prompt_ids + e.response_ids for e in live]
-        budgets = [min(max_tokens, max_episode_tokens - len(e.response_ids)) for e in live]
-        sampled = generate(contexts, 1, temperature, seed_base * MAX_TURNS + turn,
-                           [prompts[e.group].images for e in live], budgets)
-        still_live = []
-        for episode, out in zip(live, sampled):
-            episode.response_ids += out.response_ids
-            episode.policy_mask += [1] * len(out.response_ids)
-            episode.logprobs += out.sampler_logprobs
-            # the oldest weights any of its turns were sampled with: the loop's policy-version check sees a stale turn
-            episode.policy_version = out.policy_version if episode.policy_version is None else \
-                min(episode.policy_version, out.policy_version)
-            if out.finish_reason == "length":
-                episode.finish_reason = "length"
-                continue
-            answer = episode.env.step(template.tokenizer.decode(out.response_ids, skip_special_tokens=True))
-            if answer.done:
-                episode.reward = answer.reward
-                continue
-            if turn == max_turns - 1:
-                continue
-            reply = template.reply_ids(answer.messages, out.response_ids[-1])
-            if len(episode.response_ids) + len(reply) >= max_episode_tokens:
-                episode.finish_reason = "length"
-                continue
-            episode.response_ids += reply
-            episode.policy_mask += [0] * len(reply)
-            episode.logprobs += [0.0] * len(reply)
-            still_live.append(episode)
-        live = still_live
-        if not live:
-            break
-    return [Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason, e.policy_version,
-                    images=prompts[e.group].images, policy_mask=e.policy_mask, env_reward=e.reward) for e in episodes]
+
+    def turn(k: int) -> SampleRequest:
+        e = episodes[k]
+        return SampleRequest(k, prompts[e.group].prompt_ids + e.response_ids,
+                             min(max_tokens, max_episode_tokens - len(e.response_ids)),
+                             sample_seed(seed_base * MAX_TURNS + e.turns, k, 1, 0), temperature, top_p,
+                             prompts[e.group].images)
+
+    def follow_up(done: Completion) -> list[SampleRequest]:
+        """The episode's message is in: record it, let the environment answer; its next turn, if any."""
+        e = episodes[done.key]
+        e.response_ids += done.token_ids
+        e.policy_mask += [1] * len(done.token_ids)
+        e.logprobs += done.logprobs
+        e.turns += 1
+        # the oldest weights any of its turns were sampled with: the loop's policy-version check sees a stale turn
+        e.policy_version = min(done.policy_version, e.policy_version if e.policy_version is not None else done.policy_version)
+        if done.finish_reason == "length":
+            e.finish_reason = "length"
+            return []
+        answer = e.env.step(template.tokenizer.decode(done.token_ids, skip_special_tokens=True))
+        if answer.done:
+            e.reward = answer.reward
+            return []
+        if e.turns == max_turns:
+            return []
+        reply = template.reply_ids(answer.messages, done.token_ids[-1])
+        if len(e.response_ids) + len(reply) >= max_episode_tokens:
+            e.finish_reason = "length"
+            return []
+        e.response_ids += reply
+        e.policy_mask += [0] * len(reply)
+        e.logprobs += [0.0] * len(reply)
+        return [turn(done.key)]
+
+    for done in stream([turn(k) for k in range(len(episodes))], [e.group for e in episodes], follow_up):
+        e = episodes[done.key]
+        yield done.key, Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason,
+                      e.policy_version, images=prompts[e.group].images, policy_mask=e.policy_mask, env_reward=e.reward)

@@ -11,7 +11,8 @@ import ray
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.watchdog import collective_timeout
 from oxrl_core.config.schema import RolloutSection
-from oxrl_core.rollout.engine import Rollout, RolloutEngine, start_error
+from oxrl_core.rollout.engine import Rollout, RolloutEngine, SampleRequest, sample_seed, start_error
+from oxrl_core.rollout.stream import EngineStream, FollowUp, Sampling
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.transport import buckets
 
@@ -39,6 +40,7 @@ class RolloutPool:
                     logs[-1].stem, logs[-1]))
             self.engines.append(workers)
         self.workers = [w for workers in self.engines for w in workers]
+        self.samples = EngineStream(self.engines, self.watch)
         self._releasing: list[ray.ObjectRef] = []  # the ranks' frees of their last refresh's copies
         for failure, log in zip(self.watch.get([w.start_failure.remote() for w in self.workers], "engine start"), logs):
             if failure:
@@ -53,30 +55,29 @@ class RolloutPool:
                             *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes, timeout)
                               for i, w in enumerate(self.workers))], "weight channel")
 
+    def requests(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
+                 images: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[SampleRequest]:
+        """`n` samples of each prompt (key: prompt i's j-th sample is i * n + j), each with its prompt's `images` (if
+        any), of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens). Each sample has its
+        own seed, so a resumed run resamples alike: prompt i's are spaced by n, as vLLM seeds a request of n."""
+        r = self.rollout
+        max_tokens = max_tokens or [r.max_tokens] * len(prompts)
+        return [SampleRequest(i * n + j, ids, max_tokens[i], sample_seed(seed_base, i, n, j), temperature, r.top_p,
+                              tuple(images[i]) if images and images[i] else ())
+                for i, ids in enumerate(prompts) for j in range(n)]
+
+    def stream(self, requests: list[SampleRequest], groups: list[int], follow_up: FollowUp | None = None) -> Sampling:
+        """Sample `requests`, each finished one yielded as it ends (`stream.py`). A group (`groups`: each request's,
+        e.g. its prompt) stays on one engine, where its samples share the prompt's cache; groups are dealt to the
+        engines round-robin."""
+        return self.samples.submit(requests, [g % len(self.engines) for g in groups], follow_up)
+
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
                  images: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[Rollout]:
-        """`n` samples of each prompt, sorted by prompt (`Rollout.group`), each with its prompt's `images` (if any),
-        of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens).
-        Prompts are dealt round-robin to the engines (an engine's workers all get its share and return the same
-        samples); each prompt has its own seed, so a resumed run resamples alike. vLLM seeds a request's j-th sample
-        with seed + j, so the prompts' seeds are spaced by n: every sample draws from its own random stream."""
-        r = self.rollout
-        images = images if images and any(images) else None
-        max_tokens = max_tokens or [r.max_tokens] * len(prompts)
-        shares = [list(range(e, len(prompts), len(self.engines))) for e in range(len(self.engines))]
-        busy = [(share, [w.generate.remote([prompts[i] for i in share], n, temperature, r.top_p, [max_tokens[i] for i in share],
-                                           [(seed_base * 100_003 + i) * n for i in share],
-                                           [images[i] for i in share] if images else None) for w in workers])
-                for workers, share in zip(self.engines, shares) if share]
-        results = self.watch.get([f for _, futures in busy for f in futures], "generate", len(prompts) * n)
-        rollouts, at = [], 0
-        for share, futures in busy:
-            for rollout in results[at]:  # tensor-parallel rank 0's
-                rollout.group = share[rollout.group]
-                rollout.images = images[rollout.group] if images else ()
-                rollouts.append(rollout)
-            at += len(futures)
-        return sorted(rollouts, key=lambda x: x.group)
+        """All `requests(...)` at once, as rollouts sorted by prompt (`Rollout.group`)."""
+        requests = self.requests(prompts, n, temperature, seed_base, images, max_tokens)
+        done = sorted(self.stream(requests, [r.key // n for r in requests]), key=lambda c: c.key)
+        return [Rollout.of(c, c.key // n, prompts[c.key // n], requests[c.key].images) for c in done]
 
     def refresh(self, policy_version: int) -> None:
         """Bring every engine worker to the trainer's current weights; their samples then carry `policy_version`."""

@@ -203,6 +203,26 @@ def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_an
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_asynchronous_steps_train_samples_at_most_max_staleness_versions_old_and_the_run_resumes(
+        tmp_path, tiny_model_dir, prompts, oxrl_rl):
+    """rollout.max_staleness=1: batches 1 and 2 start under the starting weights, each later one once the step two
+    before it is trained; no step trains a sample more than one version older than the trainer. A checkpoint keeps
+    the sampler where the first untrained batch was drawn, and --resume samples the batches in flight again."""
+    args = rl_args("cispo", tiny_model_dir, prompts, tmp_path, "async", "train.steps=3", "rollout.max_staleness=1",
+                   "run.checkpoint_every=2", "train.lr=1e-2")
+    done = oxrl_rl(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = history(tmp_path / "async")
+    assert steps[0]["sample_age_max"] == 0 and steps[1]["sample_age_max"] == 1  # batch 2: the starting weights'
+    assert all(0 <= s["sample_age_min"] <= s["sample_age_max"] <= 1 and 0 <= s["partial_frac"] <= 1 for s in steps)
+    assert [s["policy_version"] for s in steps] == [1, 2, 3] and all(s["grad_norm"] > 0 for s in steps)
+    state = json.loads((tmp_path / "async" / "ds" / "step-2" / "oxrl_state.json").read_text())
+    assert state["pending"] == [] and state["sampler"]  # batch 3 is sampled again on resume
+    resumed = oxrl_rl(*args[:-4], "train.steps=4", "rollout.max_staleness=1", "train.lr=1e-2", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [s["step"] for s in history(tmp_path / "async")] == [4]
+
+
 @pytest.mark.slow  # reuses SGRPO's run; scoring errors are unit-tested (tests/unit/test_rewards.py)
 def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes_saving_nothing_when_asked(two_step_run, prompts):
     run = two_step_run("sgrpo", "train.kl_coeff=0.05", *REWARD_ERRORS)

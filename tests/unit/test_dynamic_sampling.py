@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling in the policy-gradient recipe: groups whose rewards are all equal are dropped and the batch is
 refilled from further prompts; when no round finds enough, the run stops with a message after its bound."""
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +21,9 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
 
     def generate(prompts, n, temperature, seed_base):
         calls.append([p.record["id"] for p in prompts])
-        return [Rollout(group=g, prompt_ids=[p.record["id"]], response_ids=[1, 2, 3], sampler_logprobs=[0.0] * 3,
-                        finish_reason="stop", policy_version=0) for g, p in enumerate(prompts) for _ in range(n)]
+        for g, p in reversed(list(enumerate(prompts))):  # groups end in any order
+            yield [Rollout(group=g, prompt_ids=[p.record["id"]], response_ids=[1, 2, 3], sampler_logprobs=[0.0] * 3,
+                           finish_reason="stop", policy_version=0) for _ in range(n)]
 
     def score(rollouts, records, step):
         seen = {}
@@ -36,6 +38,7 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
     pg.rollout_cfg = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0, max_sampling_rounds=rounds)
     pg.prompt_sets, pg.sampler, pg.new_env = [prompts], MixedSampler([len(prompts)], [1.0], seed=0), None
     pg.generate, pg.calls, pg.policy_version = generate, calls, 0
+    pg.scoring, pg.drawing = threading.Lock(), threading.Lock()
     pg.run = SimpleNamespace(position=RunPosition(), score=score, reward_fn=None, first_step=1, run_dir="run",
                              config=SimpleNamespace(reward=SimpleNamespace(overlong_buffer=0)))
     return pg

@@ -16,8 +16,8 @@ from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.recipes.policy_gradient import correct, rl_micro_batches
-from oxrl_core.rollout.engine import Rollout
-from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
+from oxrl_core.rollout.engine import Completion, Rollout, sample_seed
+from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 
 
 def call(name: str, **arguments) -> str:
@@ -135,23 +135,36 @@ END = 2  # <|im_end|> of the tiny tokenizer
 
 
 class ScriptedPolicy:
-    """A stand-in for the pool's generate: each call's contexts get the next scripted message per episode (by its
-    position among the live ones), with logprob -0.5 per token; records each call's contexts and budgets."""
+    """A stand-in for the pool's stream, an engine that samples every request at once at one token a step: episode
+    k's t-th message is `messages[k][t]` (logprob -0.5 per token, policy version 3 unless `versions[t]`). A finished
+    request's follow-up starts the step it ends. Records each request and the step each finished."""
 
-    def __init__(self, tokenizer, turns: list[list[str]]):
-        self.tokenizer, self.turns, self.calls = tokenizer, turns, []
+    def __init__(self, tokenizer, messages: list[list[str]], versions: list[int] | None = None):
+        self.tokenizer, self.messages, self.versions, self.requests, self.ended = tokenizer, messages, versions, [], []
 
-    def __call__(self, contexts, n, temperature, seed_base, images, max_tokens):
-        assert n == 1
-        turn = len(self.calls)
-        self.calls.append((contexts, max_tokens, seed_base))
-        out = []
-        for i, (context, budget) in enumerate(zip(contexts, max_tokens)):
-            ids = self.tokenizer(self.turns[turn][i], add_special_tokens=False)["input_ids"] + [END]
-            finish = "length" if len(ids) > budget else "stop"
-            ids = ids[:budget]
-            out.append(Rollout(0, context, ids, [-0.5] * len(ids), finish, policy_version=3))
-        return out
+    def __call__(self, requests, groups, follow_up):
+        running, turns = [], {}
+
+        def start(request, now):
+            self.requests.append(request)
+            t = turns[request.key] = turns.get(request.key, -1) + 1
+            ids = self.tokenizer(self.messages[request.key][t], add_special_tokens=False)["input_ids"] + [END]
+            running.append((now + min(len(ids), request.max_tokens), len(self.requests), request, ids, t))
+
+        for request in requests:
+            start(request, 0)
+        while running:
+            running.sort(key=lambda x: x[:2])
+            now, _, request, ids, t = running.pop(0)
+            finish = "length" if len(ids) > request.max_tokens else "stop"
+            ids = ids[:request.max_tokens]
+            done = Completion(request.key, ids, [-0.5] * len(ids), finish, [(self.versions[t] if self.versions else 3, 0)])
+            self.ended.append((request.key, t, now))
+            following = follow_up(done)
+            for nxt in following:
+                start(nxt, now)
+            if not following:
+                yield done
 
 
 def episodes(tokenizer, policy, env=Calculator, n=1, max_turns=4, max_tokens=64, max_episode_tokens=400, records=None):
@@ -159,11 +172,12 @@ def episodes(tokenizer, policy, env=Calculator, n=1, max_turns=4, max_tokens=64,
     template = TurnTemplate(tokenizer, env.tools)
     prompts = [PromptExample(tokenizer.apply_chat_template(env().reset(r), tools=env.tools or None, add_generation_prompt=True,
                                                            return_dict=False), r) for r in records]
-    return run_episodes(policy, prompts, n, 1.0, 7, env, template, max_turns, max_tokens, max_episode_tokens), prompts
+    ended = stream_episodes(policy, prompts, n, 1.0, 1.0, 7, env, template, max_turns, max_tokens, max_episode_tokens)
+    return [rollout for _, rollout in sorted(ended, key=lambda x: x[0])], prompts
 
 
 def test_an_episode_holds_the_policys_turns_and_the_environments_replies_masked(tokenizer):
-    policy = ScriptedPolicy(tokenizer, [[call("mul", a=12, b=3)], ["The answer is 36."]])
+    policy = ScriptedPolicy(tokenizer, [[call("mul", a=12, b=3), "The answer is 36."]])
     [episode], [prompt] = episodes(tokenizer, policy)
     first = tokenizer(call("mul", a=12, b=3), add_special_tokens=False)["input_ids"] + [END]
     reply = tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
@@ -173,26 +187,27 @@ def test_an_episode_holds_the_policys_turns_and_the_environments_replies_masked(
     assert episode.sampler_logprobs == [-0.5] * len(first) + [0.0] * len(reply) + [-0.5] * len(last)
     assert tokenizer.decode(episode.answer_ids, skip_special_tokens=True) == "The answer is 36."
     assert episode.finish_reason == "stop" and episode.env_reward is None and episode.policy_version == 3
-    # turn 2 continued the same context (vLLM reuses its cached prefix); each turn has its own seeds
-    assert policy.calls[1][0] == [prompt.prompt_ids + first + reply]
-    assert [seed for *_, seed in policy.calls] == [7 * 16, 7 * 16 + 1]
+    # turn 2 continued the same context (vLLM reuses its cached prefix); each turn has its own seed
+    assert policy.requests[1].prompt_ids == prompt.prompt_ids + first + reply
+    assert [r.seed for r in policy.requests] == [sample_seed(7 * 16, 0, 1, 0), sample_seed(7 * 16 + 1, 0, 1, 0)]
 
 
 def test_max_turns_cuts_an_episode_after_its_last_allowed_message_with_no_environment_reward(tokenizer):
-    policy = ScriptedPolicy(tokenizer, [["10"], ["20"]])
+    policy = ScriptedPolicy(tokenizer, [["10", "20"]])
     [episode], _ = episodes(tokenizer, policy, env=GuessNumber, max_turns=2,
                             records=[{"prompt": "Guess from 1 to 100.", "answer": "37"}])
-    assert len(policy.calls) == 2 and episode.finish_reason == "stop" and episode.env_reward is None
+    assert len(policy.requests) == 2 and episode.finish_reason == "stop" and episode.env_reward is None
     assert tokenizer.decode(episode.response_ids).endswith("20<|im_end|>")  # no reply after the last allowed turn
 
 
-def test_the_environments_reward_ends_the_episode_and_finished_episodes_leave_the_batch(tokenizer):
+def test_an_episodes_next_turn_starts_when_its_message_ends_not_after_the_other_episodes(tokenizer):
     records = [{"prompt": "Guess.", "answer": "37"}, {"prompt": "Guess.", "answer": "5"}]
-    policy = ScriptedPolicy(tokenizer, [["37", "9"], ["5"]])
+    policy = ScriptedPolicy(tokenizer, [["9", "37"], ["I am thinking it over for a long while, then: 5"]])
     found_first, found_second = episodes(tokenizer, policy, env=GuessNumber, records=records)[0]
     assert found_first.env_reward == 1.0 and found_second.env_reward == 1.0
-    assert [len(contexts) for contexts, *_ in policy.calls] == [2, 1]  # only the live episode took turn 2
-    assert sum(found_first.policy_mask) == len(found_first.response_ids)  # one turn: nothing masked
+    # episode 0 took its second turn and ended while episode 1's first message was still being sampled
+    assert [(key, turn) for key, turn, _ in policy.ended] == [(0, 0), (0, 1), (1, 0)]
+    assert sum(found_second.policy_mask) == len(found_second.response_ids)  # one turn: nothing masked
 
 
 def test_the_token_budget_shrinks_each_turn_and_an_episode_reaching_it_ends_truncated(tokenizer):
@@ -200,28 +215,22 @@ def test_the_token_budget_shrinks_each_turn_and_an_episode_reaching_it_ends_trun
     used = len(tokenizer(first, add_special_tokens=False)["input_ids"]) + 1
     reply = len(tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
     # room for the first message and the reply, then 3 tokens of the second
-    policy = ScriptedPolicy(tokenizer, [[first], ["The answer is 36."]])
+    policy = ScriptedPolicy(tokenizer, [[first, "The answer is 36."]])
     [episode], _ = episodes(tokenizer, policy, max_tokens=64, max_episode_tokens=used + reply + 3)
-    assert policy.calls[1][1] == [3] and episode.finish_reason == "length" and len(episode.response_ids) == used + reply + 3
+    assert policy.requests[1].max_tokens == 3 and episode.finish_reason == "length"
+    assert len(episode.response_ids) == used + reply + 3
     # no room left after the reply: the episode ends at the policy's message, truncated
     policy = ScriptedPolicy(tokenizer, [[first]])
     [episode], _ = episodes(tokenizer, policy, max_tokens=64, max_episode_tokens=used + reply)
-    assert len(policy.calls) == 1 and episode.finish_reason == "length" and len(episode.response_ids) == used
+    assert len(policy.requests) == 1 and episode.finish_reason == "length" and len(episode.response_ids) == used
     # a message cut by rollout.max_tokens ends its episode truncated, unanswered
     policy = ScriptedPolicy(tokenizer, [[first]])
     [episode], _ = episodes(tokenizer, policy, max_tokens=5)
-    assert len(policy.calls) == 1 and episode.finish_reason == "length" and len(episode.response_ids) == 5
+    assert len(policy.requests) == 1 and episode.finish_reason == "length" and len(episode.response_ids) == 5
 
 
 def test_the_oldest_policy_version_of_an_episodes_turns_is_its_version(tokenizer):
-    class Stale(ScriptedPolicy):
-        def __call__(self, *args):
-            out = super().__call__(*args)
-            for rollout in out:
-                rollout.policy_version = 3 - len(self.calls) + 1  # turn 1 from version 3, turn 2 from version 2
-            return out
-
-    [episode], _ = episodes(tokenizer, Stale(tokenizer, [[call("add", a=1, b=2)], ["3"]]))
+    [episode], _ = episodes(tokenizer, ScriptedPolicy(tokenizer, [[call("add", a=1, b=2), "3"]], versions=[3, 2]))
     assert episode.policy_version == 2
 
 

@@ -1,6 +1,8 @@
-"""Pipelined RL (rollout.lag): its settings and the batches sampled ahead that a checkpoint keeps."""
+"""Pipelined RL (rollout.lag, rollout.max_staleness): their settings, the staleness guard, and what a checkpoint keeps
+of the batches sampled ahead."""
 
 import json
+from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,8 +11,9 @@ import pytest
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.guards import StalePolicyError, check_staleness
 from oxrl_core.loops.preflight import check_config
-from oxrl_core.loops.recipes.policy_gradient import SampledBatch
+from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch
 from oxrl_core.rollout.engine import Rollout
 
 
@@ -54,3 +57,32 @@ def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):
                                           "rollout.lag=1"])
     with pytest.raises(OxrlError, match="rollout.lag=1: pipelined sampling is for `oxrl train rl`; --alg rft"):
         check_config(config)
+
+
+def test_a_supervised_run_refuses_asynchronous_sampling_and_a_lag_with_a_staleness_bound_is_refused(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    base = [f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
+    with pytest.raises(OxrlError, match="rollout.max_staleness=2: pipelined sampling is for `oxrl train rl`"):
+        check_config(load_config(SLConfig, None, ["train.alg=rft", *base, "rollout.max_staleness=2"]))
+    with pytest.raises(OxrlError, match="rollout.lag=1 and rollout.max_staleness=2: choose one"):
+        check_config(load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.lag=1", "rollout.max_staleness=2"]))
+    asynchronous = load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.max_staleness=2"])
+    check_config(asynchronous)
+    assert asynchronous.train.sampler_correction == "token-truncate"
+
+
+def test_a_sample_older_than_the_staleness_bound_is_refused_and_one_at_the_bound_is_not():
+    check_staleness([0, 2, 1], bound=2)
+    with pytest.raises(StalePolicyError, match=r"sample 1 is 3 policy versions older than the trainer, more than "
+                                               r"rollout.max_staleness=2 \(1 of 3 samples\)"):
+        check_staleness([0, 3, 1], bound=2)
+
+
+def test_the_checkpoint_of_an_asynchronous_run_keeps_the_sampler_where_the_first_untrained_batch_was_drawn():
+    pg = object.__new__(PolicyGradient)
+    pg.sampler, pg.pending, pg.policy_version = SimpleNamespace(state_dict=lambda: {"drawn": 9}), deque(), 4
+    pg.sampler_before, pg.last_trained = {5: {"drawn": 5}, 6: {"drawn": 6}}, 4
+    assert pg.loop_state()["sampler"] == {"drawn": 5}
+    pg.last_trained = 6  # nothing drawn past the last step: the sampler as it is
+    assert pg.loop_state() == {"sampler": {"drawn": 9}, "policy_version": 4, "pending": []}

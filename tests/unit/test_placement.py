@@ -17,20 +17,23 @@ from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, pac
 TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def rl(ranks=1, engines=1, tp=1, placement="auto", lag=0) -> RLConfig:
+def rl(ranks=1, engines=1, tp=1, placement="auto", **rollout) -> RLConfig:
     return RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": ranks},
                                     "rollout": {"engines": engines, "tensor_parallel_size": tp, "placement": placement,
-                                                "lag": lag}})
+                                                **rollout}})
 
 
-def test_pipelined_rl_puts_engines_on_devices_of_their_own_and_refuses_colocated():
-    assert decide(placement_request(rl(1, 1, lag=1)), 2).mode == "split"  # auto: split where it fits
-    assert decide(placement_request(rl(1, 1, lag=1)), 0).mode == "split"
-    with pytest.raises(OxrlError, match=r"needs 2 GPUs \(split\), the cluster has 1; .*; rollout.lag > 0 needs split"):
-        decide(placement_request(rl(1, 1, lag=1)), 1)
+@pytest.mark.parametrize("pipelined", [{"lag": 1}, {"max_staleness": 2}])
+def test_pipelined_rl_puts_engines_on_devices_of_their_own_and_refuses_colocated(pipelined):
+    assert decide(placement_request(rl(1, 1, **pipelined)), 2).mode == "split"  # auto: split where it fits
+    assert decide(placement_request(rl(1, 1, **pipelined)), 0).mode == "split"
+    with pytest.raises(OxrlError, match=r"needs 2 GPUs \(split\), the cluster has 1; .*; rollout.lag or "
+                                        r"rollout.max_staleness > 0 needs split"):
+        decide(placement_request(rl(1, 1, **pipelined)), 1)
     for ranks, gpus, placement in ((1, 2, "colocated"), (1, 0, "colocated")):
-        with pytest.raises(OxrlError, match="rollout.lag > 0 with rollout.placement=colocated: .* devices of their own"):
-            decide(placement_request(rl(ranks, 1, placement=placement, lag=1)), gpus)
+        with pytest.raises(OxrlError, match="rollout.lag or rollout.max_staleness > 0 with rollout.placement=colocated: "
+                                            ".* devices of their own"):
+            decide(placement_request(rl(ranks, 1, placement=placement, **pipelined)), gpus)
 
 
 @pytest.mark.parametrize("ranks,engines,tp,gpus,mode,bundles", [

@@ -1,16 +1,20 @@
 """Policy-gradient RL, one step top to bottom: rollout -> reward -> advantages -> train -> refresh.
 
 After every update the new weights are streamed into the vLLM engines and the policy version goes up by one, and
-every rollout records the version that produced it. By default (`rollout.lag: 0`) the phases run one after the
+every rollout records the version that produced it. Each prompt's group of samples is scored as soon as its last
+sample ends, while the engines go on with the others. By default (`rollout.lag: 0`) the phases run one after the
 other. At lag k the engines sample step t + k's batch while step t trains, so step t trains on the samples of the
 policy of k steps earlier: the batches sampled ahead wait in `pending` (kept in checkpoints), and the refresh waits
-for the engines. A sample can be an episode against an environment (`rollout.env`): a rollout concern
-(`rollout/episodes.py`), the same step.
+for the engines. Asynchronous (`rollout.max_staleness: s`) nothing waits for the engines but the trainer: step t's
+batch starts sampling as soon as step t - s - 1 is done, and a refresh reaches the engines mid-sample. A sample can
+be an episode against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`), the same step.
 """
 
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import NoReturn
@@ -26,13 +30,13 @@ from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import timed
-from oxrl_core.loops.guards import check_no_trained_padding, check_policy_version, non_finite
+from oxrl_core.loops.guards import check_no_trained_padding, check_policy_version, check_staleness, non_finite
 from oxrl_core.loops.harness import Run
 from oxrl_core.rewards.base import RewardUnavailable
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rewards.length import overlong_penalty
 from oxrl_core.rollout.engine import Rollout
-from oxrl_core.rollout.episodes import TurnTemplate, run_episodes
+from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 
 
 class SamplingStopped(Exception):
@@ -88,17 +92,24 @@ class PolicyGradient:
             self.sampler.load_state_dict(run.state["sampler"])
         self.policy_version = run.state.get("policy_version", 0)  # updates the engines' weights have had
         self.bad_steps, self.stopped_early = 0, None
-        self.lag = self.rollout_cfg.lag
+        self.lag, self.staleness = self.rollout_cfg.lag, self.rollout_cfg.max_staleness
         # the batches of the next steps, sampled ahead (rollout.lag); the sampler has drawn their prompts
         self.pending = deque(SampledBatch.from_state(b, self.prompt_sets) for b in run.state.get("pending", []))
-        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="sample-ahead") if self.lag else None
+        # Asynchronous: each step's batch being sampled, and the sampler's state before its prompts were drawn (a
+        # checkpoint keeps the first untrained batch's: a resumed run samples the batches in flight again).
+        self.in_flight: dict[int, Future] = {}
+        self.sampler_before: dict[int, dict] = {}
+        self.trained = threading.Condition()  # notified when a step ends; `last_trained` is that step
+        self.last_trained = run.first_step - 1
+        self.scoring = threading.Lock()  # batches sampled at once score one at a time (a judge, the errors file)
+        self.drawing = threading.Lock()  # and draw their prompts one at a time
 
     def train_examples(self) -> int:
         return sum(len(s) for s in self.prompt_sets)
 
     def loop_state(self) -> dict:
-        return {"sampler": self.sampler.state_dict(), "policy_version": self.policy_version,
-                "pending": [b.state() for b in self.pending]}
+        sampler = self.sampler_before.get(self.last_trained + 1, self.sampler.state_dict())
+        return {"sampler": sampler, "policy_version": self.policy_version, "pending": [b.state() for b in self.pending]}
 
     def start(self) -> None:
         if self.run.state:  # the engines started from the base weights: bring them to the checkpoint's
@@ -109,19 +120,28 @@ class PolicyGradient:
         run, train, rollout_cfg, start = self.run, self.train, self.rollout_cfg, time.perf_counter()
         run.position.policy_version = self.policy_version  # the trainer's version this step
         # 1. rollout and 2. reward: this step's batch; at lag k, sampled k steps ago, and step + k's is sampled now
-        while len(self.pending) < max(self.lag, 1):  # lag 0: every step; lag k: a fresh run's first k
+        sampled, ahead, seconds = None, None, {}
+        if self.staleness:
+            sampled = self.take_async(step, seconds)
+        while not self.staleness and len(self.pending) < max(self.lag, 1):  # lag 0: every step; lag k: a fresh run's first k
             try:
                 self.pending.append(self.sample(step + len(self.pending), run.position.timed))
             except SamplingStopped as e:
                 self.stop(step - 1, str(e))
-        sampled = self.pending.popleft()
-        ahead = self.ahead.submit(self.sample, step + self.lag, timed) if self.lag else None
-        rollouts, metrics, seconds = sampled.rollouts, dict(sampled.metrics), dict(sampled.seconds)
+        if not self.staleness:
+            sampled = self.pending.popleft()
+            ahead = in_background(self.sample, step + self.lag, timed) if self.lag else None
+        rollouts, metrics, seconds = sampled.rollouts, dict(sampled.metrics), dict(sampled.seconds) | seconds
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly the version the schedule says
-            check_policy_version([r.policy_version for r in rollouts], sampled.policy_version)
         ages = [self.policy_version - r.policy_version for r in rollouts]
+        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly the version the schedule says
+            if self.staleness:
+                check_staleness(ages, self.staleness)
+            else:
+                check_policy_version([r.policy_version for r in rollouts], sampled.policy_version)
         metrics |= {"sample_age_min": min(ages), "sample_age_mean": sum(ages) / len(ages), "sample_age_max": max(ages)}
+        if self.staleness:  # samples the weights changed under
+            metrics["partial_frac"] = sum(bool(r.version_starts) for r in rollouts) / len(rollouts)
         per_sample = {"rewards": rewards, "group_ids": torch.tensor([r.group for r in rollouts])}
         per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
                                     rollout_cfg.mask_truncated)
@@ -152,6 +172,9 @@ class PolicyGradient:
         if not bad:
             with run.position.timed(seconds, "refresh"):
                 self.refresh()
+        with self.trained:  # an asynchronous run's next batch may start
+            self.last_trained = step
+            self.trained.notify_all()
         metrics |= phase_metrics(seconds, metrics.pop("generated_tokens"))
         metrics |= {"policy_version": self.policy_version, "time_step_s": time.perf_counter() - start}
         if self.bad_steps >= train.max_bad_steps:
@@ -160,25 +183,55 @@ class PolicyGradient:
             self.stopped_early = f"{self.bad_steps} consecutive non-finite steps"
         return metrics
 
-    def sample(self, step: int, timer) -> SampledBatch:
-        """Step `step`'s scored samples, `rollout.n_samples` per prompt, each prompt's group numbered in order, timed
-        by `timer` (the run's position in the loop, or a plain clock ahead of it). With dynamic sampling (DAPO), a
-        group whose rewards are all equal is dropped and the missing groups are sampled from further prompts,
-        `rollout.max_sampling_rounds` rounds at most; the rounds after the first are timed as `resample`. Raises
-        SamplingStopped, the sampler back where it was, if the batch cannot be made."""
+    def take_async(self, step: int, seconds: dict) -> SampledBatch:
+        """Asynchronous: step `step`'s batch, once sampled. The batches of the next max_staleness steps are under way
+        (their prompts drawn in step order); each starts sampling when `admit` lets it."""
+        for later in range(step, min(step + self.staleness, self.train.steps) + 1):
+            if later not in self.in_flight:
+                with self.drawing:
+                    self.sampler_before[later] = self.sampler.state_dict()
+                    drawn = self.sampler.next_batch(self.train.batch_size // self.rollout_cfg.n_samples)
+                self.in_flight[later] = in_background(self.admitted_sample, later, drawn)
+        self.sampler_before.pop(step - 1, None)
+        with self.run.position.timed(seconds, "wait_for_samples"):
+            try:
+                return self.in_flight.pop(step).result()
+            except SamplingStopped as e:
+                self.stop(step - 1, str(e))
+
+    def admitted_sample(self, step: int, drawn: list) -> SampledBatch:
+        """Step `step`'s batch, sampled once step - max_staleness - 1 is trained: by then the engines hold weights
+        at most max_staleness updates older than the policy that will train on it."""
+        with self.trained:
+            self.trained.wait_for(lambda: self.last_trained >= step - self.staleness - 1)
+        return self.sample(step, timed, drawn)
+
+    def sample(self, step: int, timer, drawn: list | None = None) -> SampledBatch:
+        """Step `step`'s scored samples, `rollout.n_samples` per prompt (`drawn`: its prompts, if drawn already),
+        each prompt's group numbered in order, timed by `timer` (the run's position in the loop, or a plain clock
+        beside it). With dynamic sampling (DAPO), a group whose rewards are all equal is dropped and the missing
+        groups are sampled from further prompts, `rollout.max_sampling_rounds` rounds at most; the rounds after the
+        first are timed as `resample`. Raises SamplingStopped, the sampler back where it was, if the batch cannot be
+        made."""
         cfg, step_start, seconds, version = self.rollout_cfg, self.sampler.state_dict(), {}, self.policy_version
         needed, kept, refs, generated, dropped = self.train.batch_size // cfg.n_samples, [], [], 0, 0
         rounds = cfg.max_sampling_rounds if self.alg.dynamic_sampling else 1
         try:
             for attempt in range(rounds):
-                drawn = self.sampler.next_batch(needed - len(kept))
+                drawn = drawn if attempt == 0 and drawn else self.draw(needed - len(kept))
                 prompts = [self.prompt_sets[src][i] for src, i in drawn]
-                with timer(seconds, "generate" if attempt == 0 else "resample"):
-                    rollouts = self.generate(prompts, cfg.n_samples, cfg.temperature,
-                                             self.train.seed * 1_000_003 + step + attempt * 500_009)
-                self.score(rollouts, prompts, step, seconds, timer)
-                generated += sum(len(r.response_ids) for r in rollouts)
-                for ref, group in zip(drawn, [[r for r in rollouts if r.group == g] for g in range(len(prompts))]):
+                groups = [[] for _ in prompts]
+                finished = self.generate(prompts, cfg.n_samples, cfg.temperature,
+                                         self.train.seed * 1_000_003 + step + attempt * 500_009)
+                while True:  # each group scored as it ends, while the engines sample the others
+                    with timer(seconds, "generate" if attempt == 0 else "resample"):
+                        group = next(finished, None)
+                    if group is None:
+                        break
+                    self.score(group, prompts, step, seconds, timer)
+                    groups[group[0].group] = group
+                generated += sum(len(r.response_ids) for group in groups for r in group)
+                for ref, group in zip(drawn, groups):
                     if not self.alg.dynamic_sampling or len({r.reward for r in group}) > 1:
                         kept, refs = kept + [group], refs + [tuple(ref)]
                     else:
@@ -201,20 +254,36 @@ class PolicyGradient:
             metrics |= {"groups_dropped": dropped, "sampling_rounds": attempt + 1}
         return SampledBatch([r for samples in kept for r in samples], refs, version, metrics, seconds)
 
-    def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> list[Rollout]:
-        pool = self.run.pool
+    def draw(self, count: int) -> list:
+        with self.drawing:
+            return self.sampler.next_batch(count)
+
+    def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> Iterator[list[Rollout]]:
+        """Each prompt's `n` samples (`Rollout.group`: its index in `prompts`), a group at a time as its last sample
+        ends; within a group in sample order."""
+        pool, top_p = self.run.pool, self.rollout_cfg.top_p
         if self.new_env:  # each sample an episode: the policy's turns and the environment's answers between them
-            return run_episodes(pool.generate, prompts, n, temperature, seed_base, self.new_env, self.template,
-                                self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
-        return pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
+            finished = stream_episodes(pool.stream, prompts, n, temperature, top_p, seed_base, self.new_env, self.template,
+                                       self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
+        else:
+            requests = pool.requests([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
+            finished = ((c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].images))
+                        for c in pool.stream(requests, [r.key // n for r in requests]))
+        ending = {}
+        for key, rollout in finished:  # key: prompt i's j-th sample is i * n + j
+            ending.setdefault(rollout.group, {})[key] = rollout
+            if len(ending[rollout.group]) == n:
+                yield [r for _, r in sorted(ending.pop(rollout.group).items())]
 
     def score(self, rollouts: list[Rollout], prompts: list[PromptExample], step: int, seconds: dict, timer) -> None:
         """Rewards, less DAPO's soft overlong penalty when `reward.overlong_buffer` is set. A reward engine that
         fails (a judge's) raises SamplingStopped."""
         run, reward_cfg = self.run, self.run.config.reward
         try:
-            with timer(seconds, "reward"):
+            with self.scoring, timer(seconds, "reward"):
                 run.score(rollouts, [p.record for p in prompts], step)
+                if isinstance(run.reward_fn, Judge):  # part of the reward phase
+                    seconds["judge"] = seconds.get("judge", 0.0) + run.reward_fn.engine_seconds
         except RewardUnavailable as e:
             raise SamplingStopped(str(e)) from None
         if reward_cfg.overlong_buffer:
@@ -222,8 +291,6 @@ class PolicyGradient:
             for r in rollouts:
                 r.reward += overlong_penalty(len(r.response_ids), limit, reward_cfg.overlong_buffer,
                                              reward_cfg.overlong_penalty)
-        if isinstance(run.reward_fn, Judge):
-            seconds["judge"] = run.reward_fn.engine_seconds  # part of the reward phase
 
     def stop(self, last_trained: int, why: str) -> NoReturn:
         """End the run after step `last_trained`: its weights are kept (a checkpoint) and --resume samples the
@@ -274,10 +341,26 @@ class PolicyGradient:
         self.run.position.phase, result = "eval", {}
         for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
                                     ("eval_accuracy", self.rollout_cfg.n_samples, self.rollout_cfg.temperature)):
-            rollouts = self.generate(self.val_prompts, n, temperature, seed_base=0)
-            self.run.score(rollouts, [p.record for p in self.val_prompts], step)
+            rollouts = [r for group in self.generate(self.val_prompts, n, temperature, seed_base=0) for r in group]
+            with self.scoring:
+                self.run.score(rollouts, [p.record for p in self.val_prompts], step)
             result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
         return result
+
+
+def in_background(fn, *args) -> Future:
+    """`fn(*args)` on a thread of its own that does not hold the process up at its exit (a batch sampled ahead may
+    still wait for the engines when the run ends)."""
+    future = Future()
+
+    def work():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=work, name=f"sample-{fn.__name__}", daemon=True).start()
+    return future
 
 
 def rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,
