@@ -20,9 +20,12 @@ for each of the loop's rollout phases the processes that used the CPU and the GP
 environment, about as many policy tokens as one 512-token response in all: the model's end-of-turn token is made
 likely enough that a message ends after about 512 / N tokens (`end_turns_after`; random weights would never end
 one), each message at most 512 tokens. Its figures, policy tokens generated per second above all, compare with the
-single-turn run's.
+single-turn run's. `--long-tail` makes one response a sample with the same model trick, of geometric length (mean
+600 tokens, cut at 4,096: the longest of a step's 512 is about 3,700), the workload pipelined RL is for;
+`--slow-reward S` waits S seconds per sample before the math reward, as a code sandbox or a remote judge would.
 
-    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b|vl-3b] [--gpus N] [--tensor-parallel K] [--turns N] [KEY=VALUE ...]
+    python benchmarks/rl_step.py --out results/ [--shape 0.5b|7b|32b|vl-3b] [--gpus N] [--tensor-parallel K] [--turns N]
+        [--long-tail] [--slow-reward S] [KEY=VALUE ...]
     # overrides as for `oxrl train rl`; split on 8 GPUs (4096 samples = 4 ranks x 32 sequences x 32), e.g.:
     python benchmarks/rl_step.py --out results/ --gpus 8 --no-standalone rollout.placement=split
         run.train_ranks=4 rollout.engines=4 train.grad_accum=32
@@ -34,6 +37,7 @@ import math
 import multiprocessing
 import shutil
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -50,6 +54,7 @@ from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
+LONG_TAIL_MEAN, LONG_TAIL_CAP = 600, 4096  # --long-tail: geometric response lengths; about 1 in 1,000 reaches the cap
 QWEN25_SHAPES = {
     "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
@@ -295,7 +300,8 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1, turns: int = 1) -> tuple[Path, Path, Path]:
+def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1, turns: int = 1,
+            long_tail: bool = False) -> tuple[Path, Path, Path]:
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
     trainer rank and a worker of an engine of `tensor_parallel` GPUs (colocated). ZeRO-1 (one GPU's training phase is
     bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
@@ -308,11 +314,14 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     and micro-batches of 16 (a VLM runs padded), and vLLM with 0.35 of the memory for all 512 sequences' KV cache.
 
     With `turns` above 1, each sample is an episode against the guess-the-number environment (its reward scores it)
-    of at most `turns` messages of at most NEW_TOKENS tokens each, from `end_turns_after`'s model."""
+    of at most `turns` messages of at most NEW_TOKENS tokens each, from `end_turns_after`'s model. `long_tail`: one
+    response a sample, of geometric length with mean LONG_TAIL_MEAN tokens, cut at LONG_TAIL_CAP."""
     vision = shape in QWEN25_VL_SHAPES
     model = build_model(out / f"qwen2.5-{shape}-shape", (QWEN25_SHAPES | QWEN25_VL_SHAPES)[shape])
     prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision, as_text=turns > 1)
-    episodes, reward = {}, "math"
+    episodes, reward, new_tokens = {}, "math", NEW_TOKENS
+    if long_tail:
+        model, new_tokens = end_turns_after(model, prompts, LONG_TAIL_MEAN), LONG_TAIL_CAP
     if turns > 1:
         model = end_turns_after(model, prompts, NEW_TOKENS // turns)
         # the environment's answers and the template between messages: a few dozen tokens a turn
@@ -325,7 +334,7 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
         "data": {"train": [{"path": str(prompts)}]},
         "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant", "batch_size": PROMPTS * SAMPLES * gpus,
                   "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
-        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": NEW_TOKENS,
+        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": new_tokens,
                     "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
                     "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel,
                     # `auto` would split a 1-GPU run over two GPUs on a larger host
@@ -369,11 +378,20 @@ def main() -> None:
                         "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself")
     parser.add_argument("--turns", type=int, default=1, help="policy messages per episode at most (0.5B shape): each "
                         "sample an episode against an environment, no standalone reference")
+    parser.add_argument("--long-tail", action="store_true", help=f"long-tailed response lengths (0.5B shape): geometric, "
+                        f"mean {LONG_TAIL_MEAN} tokens, cut at {LONG_TAIL_CAP}; no standalone reference")
+    parser.add_argument("--slow-reward", type=float, default=0.0, metavar="SECONDS", help="the math reward after this "
+                        "many seconds' wait per sample (benchmarks/slow_reward.py), as a sandbox or a remote judge")
     args = parser.parse_args()
-    if args.turns > 1 and args.shape != "0.5b":
-        raise SystemExit(f"--turns {args.turns}: episodes run on the 0.5B shape only, not --shape {args.shape}")
+    if (args.turns > 1 or args.long_tail) and args.shape != "0.5b":
+        raise SystemExit(f"--turns and --long-tail run on the 0.5B shape only, not --shape {args.shape}")
+    if args.slow_reward:
+        sys.path.insert(0, str(Path(__file__).parent))
+        args.overrides = ["reward.func=slow_reward:math_after_delay", f"reward.kwargs={{delay_s: {args.slow_reward}}}",
+                          *args.overrides]
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns)
+    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns,
+                                          args.long_tail)
     config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"),
                                                       f"run.save_final={args.save}", *args.overrides])
     rollout, ranks = config.rollout, config.run.train_ranks
@@ -394,7 +412,8 @@ def main() -> None:
         return result
 
     # the standalone engine generates one GPU's share of the prompts: a colocated engine's
-    reference = rollout.tensor_parallel_size == 1 and not args.no_standalone and not split and args.turns == 1
+    reference = (rollout.tensor_parallel_size == 1 and not args.no_standalone and not split and args.turns == 1
+                 and not args.long_tail)
     standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
