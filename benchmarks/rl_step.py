@@ -203,12 +203,13 @@ def _cpu_seconds() -> dict[int, tuple[str, float]]:
 
 
 def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
-    """Each rollout phase of the loop (`RolloutPool.generate`, wrapped): its seconds, the processes that used the
-    most CPU during it (CPU seconds per wall second) and the GPU's clock, utilisation and power meanwhile. Says
-    whether a later step's slower rollout is the engine working more, or waiting, or something beside it."""
-    from oxrl_core.rollout.pool import RolloutPool
+    """Each rollout phase of the loop (`PolicyGradient.sample`, wrapped: a step's batch sampled and scored): its
+    seconds, the processes that used the most CPU during it (CPU seconds per wall second) and the GPU's clock,
+    utilisation and power meanwhile. Says whether a later step's slower rollout is the engine working more, or
+    waiting, or something beside it."""
+    from oxrl_core.loops.recipes.policy_gradient import PolicyGradient
 
-    windows, generate = [], RolloutPool.generate
+    windows, generate = [], PolicyGradient.sample
 
     def watched(self, *args, **kwargs):
         before, start = _cpu_seconds(), time.perf_counter()
@@ -219,7 +220,7 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
                         "cpu_per_wall_s": [[round(cpu / (end - start), 2), title] for cpu, title in used[:6]]})
         return result
 
-    RolloutPool.generate = watched
+    PolicyGradient.sample = watched
     return windows
 
 

@@ -22,9 +22,10 @@ from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 CPU_BLOCK_TOKENS = 128
 CPU_MAX_NUM_SEQS = 256
 KV_CACHE_FLOOR_BYTES = 64 * 1024**2
-# `RolloutEngine.advance` returns at the latest after this many scheduler steps, so a weight refresh queued behind it
-# waits at most that long (pipelined runs), also when no sample is about to finish.
-ADVANCE_MAX_STEPS = 16
+# `RolloutEngine.advance` runs this many scheduler steps a call: a finished sample waits at most that long for the
+# driver, requests that follow one (an episode's next turn) join together rather than one a step (a step that
+# prefills is slower than a decode-only one), and a weight refresh queued behind two calls waits at most twice that.
+ADVANCE_STEPS = 8
 
 
 @dataclass
@@ -254,10 +255,10 @@ class RolloutEngine:
         return [Rollout.of(c, c.key // n, prompts[c.key // n]) for c in done]
 
     def advance(self, requests: list["SampleRequest"], until_done: bool = False) -> list["Completion"]:
-        """Add `requests`, then step the engine until some request finishes (returning every one that finished in
-        that step), nothing is left, or ADVANCE_MAX_STEPS steps; `until_done`: until nothing is left. A step is one
-        of vLLM's scheduler iterations over its running requests. What a call returns depends only on the requests
-        the engine holds, never on timing: a driver that makes the same calls gets the same samples."""
+        """Add `requests`, then step the engine ADVANCE_STEPS times or until nothing is left (`until_done`: until
+        nothing is left); the requests that finished meanwhile. A step is one of vLLM's scheduler iterations over its
+        running requests. What a call returns depends only on the requests the engine holds, never on timing: a
+        driver that makes the same calls gets the same samples."""
         from PIL import Image
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -276,7 +277,7 @@ class RolloutEngine:
             engine.add_request(str(r.key), prompt, params)
             self.version_starts[str(r.key)] = [(self.policy_version, 0)]
         finished, steps = [], 0
-        while engine.has_unfinished_requests() and (until_done or not finished and steps < ADVANCE_MAX_STEPS):
+        while engine.has_unfinished_requests() and (until_done or steps < ADVANCE_STEPS):
             for output in engine.step():
                 if output.finished:
                     ids = list(output.outputs[0].token_ids)

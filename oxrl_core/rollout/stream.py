@@ -1,8 +1,9 @@
 """The engines as one stream of samples: every caller's requests in, each sample out as soon as it finishes.
 
-A thread of the driver keeps every engine busy (`RolloutEngine.advance`, up to two calls queued per engine, so an
-engine never waits for the driver) and hands each finished sample to its caller right away: a caller scores a
-group the moment its last sample ends, while the engines go on with the rest. A caller's `follow_up` (an episode's
+A thread of the driver keeps every engine busy (`RolloutEngine.advance`: a few scheduler steps a call, two calls
+queued per engine, so an engine never waits for the driver) and hands each finished sample to its caller as soon
+as its call returns: a caller scores a group the moment its last sample ends, while the engines go on with the
+rest. A caller's `follow_up` (an episode's
 next turn) runs on that thread and its requests go to the same engine in the next call, without waiting for any
 other sample.
 

@@ -50,7 +50,7 @@ def test_samples_drawn_a_request_each_equal_vllms_requests_of_n_with_the_same_se
 def test_weights_loaded_mid_sample_are_recorded_from_the_next_token_on(engine, tiny_model_dir):
     weights = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).state_dict()
     requests = [SampleRequest(k, PROMPTS[k % 2], 100, 7 + k, 1.0, 1.0) for k in range(4)]
-    done = engine.advance(requests)  # until the first sample ends or ADVANCE_MAX_STEPS steps
+    done = engine.advance(requests)  # ADVANCE_STEPS steps
     in_flight = {s.external_req_id: s.detokenizer.num_output_tokens()
                  for s in engine.llm.llm_engine.output_processor.request_states.values()}
     assert in_flight and all(0 < tokens < 100 for tokens in in_flight.values())

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient
-from oxrl_core.rollout.engine import ADVANCE_MAX_STEPS, Completion, SampleRequest
+from oxrl_core.rollout.engine import ADVANCE_STEPS, Completion, SampleRequest
 from oxrl_core.rollout.stream import QUEUED_CALLS, EngineStream
 
 
@@ -32,7 +32,7 @@ class FakeEngine:
         for r in requests:
             self.running[r.key] = [r, 0]
         finished, steps = [], 0
-        while self.running and not finished and steps < ADVANCE_MAX_STEPS:
+        while self.running and steps < ADVANCE_STEPS:
             self.steps, steps = self.steps + 1, steps + 1
             for key in list(self.running):
                 self.running[key][1] += 1
