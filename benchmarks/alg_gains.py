@@ -22,10 +22,12 @@ import yaml
 from oxrl_core.demo import RL_CONFIG
 
 ALGS = ["grpo", "dapo", "gspo", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline"]
-# a run: its algorithm and settings; CISPO (the demo's algorithm) strictly on-policy, at lag 1 and asynchronous
+# a run: its algorithm and settings; the demo's own RL (CISPO, no std scaling of advantages; with --steps 300 its
+# length too) strictly on-policy, at lag 1 and asynchronous with a staleness bound of 2
+DEMO = ("train.adv_std_norm=none",)
 RUNS = {alg: (alg, ()) for alg in ALGS} | {
-    "cispo": ("cispo", ()), "cispo-lag1": ("cispo", ("rollout.lag=1",)),
-    "cispo-async2": ("cispo", ("rollout.max_staleness=2",))}
+    "cispo": ("cispo", DEMO), "cispo-lag1": ("cispo", (*DEMO, "rollout.lag=1")),
+    "cispo-async2": ("cispo", (*DEMO, "rollout.max_staleness=2"))}
 SFT = ("import json, sys; from rich.console import Console; from oxrl_core.demo import demo_data, train_demo_sft; "
        "seed = int(sys.argv[1]); s, _ = train_demo_sft(Console(file=sys.stderr), demo_data(seed), seed, f'gains-sft-seed{seed}'); "
        "print(json.dumps({'checkpoint': s['checkpoint']}))")
