@@ -8,6 +8,9 @@
 #                                                  # colocated, 3 steps, no standalone reference; LoRA (ZeRO-1) or full
 #                                                  # weights (ZeRO-2), LoRA with one memory setting for 80 GB GPUs and
 #                                                  # one for H200s (the same setting at every N)
+#   bash benchmarks/h100.sh pipelined ROW [--long-tail] [KEY=VALUE ...]  # pipelined RL's rows on 2 GPUs, one a call:
+#                                                  # `bench --gpus 2 --no-standalone --steps 4` as sync-colocated (the
+#                                                  # default), sync-split, lag1, async1 or async2 (split: 1 rank + 1 engine)
 #   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
@@ -47,6 +50,20 @@ if [ "$stage" = scale ]; then
     *) echo "scale N lora|full, not $weights"; exit 2 ;;
   esac
   stage=bench; set -- --shape 7b --gpus "$gpus" --steps 3 --no-standalone "$@"
+fi
+if [ "$stage" = pipelined ]; then
+  row=$1; shift
+  split="rollout.placement=split run.train_ranks=1 rollout.engines=1 train.grad_accum=32"
+  case "$row" in
+    sync-colocated) set -- "$@" ;;
+    sync-split) set -- "$@" $split ;;
+    lag1) set -- "$@" $split rollout.lag=1 ;;
+    async1) set -- "$@" $split rollout.max_staleness=1 ;;
+    async2) set -- "$@" $split rollout.max_staleness=2 ;;
+    *) echo "pipelined sync-colocated|sync-split|lag1|async1|async2, not $row"; exit 2 ;;
+  esac
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast off on hosts of several GPUs
+  stage=bench; set -- --gpus 2 --no-standalone --steps 4 "$@"
 fi
 if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"
