@@ -94,7 +94,8 @@ def build_model(folder: Path, shape: dict) -> Path:
     if (folder / "config.json").is_file():
         return folder
     vision = "vision_config" in shape
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / ("oxrl-tiny-vl" if vision else "oxrl-tiny"), vision))
+    tiny = "oxrl-tiny-vl" if vision else "oxrl-tiny"
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / tiny, tiny))
     tokens = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     torch.manual_seed(0)
     if vision:

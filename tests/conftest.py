@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.models.tiny import TINY_VL_MODEL_NAME, resolve_tiny_model
+from oxrl_core.models.tiny import TINY_QWEN3_VL_MODEL_NAME, TINY_VL_MODEL_NAME, resolve_tiny_model
 
 # Nothing in the suite may touch the network, and nothing may write into the checkout.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -59,6 +59,11 @@ def tiny_model_dir(_isolated_dirs) -> Path:
 def tiny_vl_model_dir(_isolated_dirs) -> Path:
     """`oxrl-tiny-vl`, built where the shipped VLM examples find it."""
     return resolve_tiny_model(TINY_VL_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_model_dir(_isolated_dirs) -> Path:
+    return resolve_tiny_model(TINY_QWEN3_VL_MODEL_NAME)
 
 
 @pytest.fixture(scope="session")

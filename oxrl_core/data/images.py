@@ -13,8 +13,8 @@ image already of such a size, resize nothing, and agree on its number of image
 tokens. Images are kept as uint8 arrays [H, W, 3]: a third of the bytes of the
 float pixel values the processor makes from them per micro-batch.
 
-Supported: the Qwen2-VL family's processors (Qwen2-VL, Qwen2.5-VL), whose image
-placeholder `<|image_pad|>` stands for (H / 28) x (W / 28) image tokens.
+Supported: the Qwen-VL processors (Qwen2-VL, Qwen2.5-VL: (H / 28) x (W / 28) image
+tokens per image; Qwen3-VL: (H / 32) x (W / 32)), whose image placeholder is `<|image_pad|>`.
 """
 
 import base64
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # the vision-language models whose images oxrl trains
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the vision-language models whose images oxrl trains
 IMAGE_FIELDS = ("images", "image")
 MESSAGE_FIELDS = ("messages", "prompt", "completion", "chosen", "rejected")
 MAX_IMAGE_PIXELS = 40_000_000  # larger is refused as too large (decoding alone would take 120 MB and more)
@@ -65,7 +65,7 @@ def _processor_sizes(folder: str) -> tuple[int, int, int] | None:
     processor = AutoImageProcessor.from_pretrained(folder)
     if not hasattr(processor, "merge_size"):
         raise ValueError(f"{type(processor).__name__} is not a Qwen-VL image processor; oxrl trains the images of the "
-                         "Qwen2-VL family (Qwen2-VL, Qwen2.5-VL)")
+                         "Qwen-VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     # transformers keeps min_pixels and max_pixels in `size`
     return processor.patch_size * processor.merge_size, processor.size["shortest_edge"], processor.size["longest_edge"]
 

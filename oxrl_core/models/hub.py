@@ -5,16 +5,16 @@ from pathlib import Path
 import torch
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.models.tiny import TINY_MODEL_NAME, TINY_VL_MODEL_NAME, resolve_tiny_model
+from oxrl_core.models.tiny import TINY_MODEL_NAME, TINY_MODELS, resolve_tiny_model
 
 
 def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     """A loadable folder or hub id for `model.name_or_path` (or the setting `key` names), or one clear error.
 
-    `oxrl-tiny` and `oxrl-tiny-vl` are built locally on first use; a local folder must hold a
+    The tiny models (`oxrl-tiny`, `oxrl-tiny-vl`, `oxrl-tiny-qwen3-vl`) are built locally on first use; a local folder must hold a
     config.json; anything else is tried as a hub id (cache first, the Hub when online).
     """
-    if name_or_path in (TINY_MODEL_NAME, TINY_VL_MODEL_NAME):
+    if name_or_path in TINY_MODELS:
         return str(resolve_tiny_model(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.is_dir():

@@ -9,7 +9,12 @@ template and `<|im_end|>` as EOS.
 2-block vision tower (14-pixel patches, 2x2 merged: one image token per 28x28
 pixels), Qwen's vision tokens in the tokenizer, a template that renders
 `{"type": "image"}` parts as Qwen's, and its processor (image processor + chat
-template) saved beside it. The same files come out of every build.
+template) saved beside it; it stands in for Qwen2-VL and Qwen2.5-VL.
+
+`oxrl-tiny-qwen3-vl`: the same inside a Qwen3-VL (interleaved M-RoPE; a 2-block
+vision tower of 16-pixel patches, 2x2 merged: one image token per 32x32 pixels,
+whose blocks' features also enter the first decoder layers, "deepstack"); it
+stands in for Qwen3-VL. The same files come out of every build.
 """
 
 import os
@@ -21,6 +26,7 @@ from oxrl_core.errors import OxrlError
 
 TINY_MODEL_NAME = "oxrl-tiny"
 TINY_VL_MODEL_NAME = "oxrl-tiny-vl"
+TINY_QWEN3_VL_MODEL_NAME = "oxrl-tiny-qwen3-vl"
 COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is a whole build
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -56,12 +62,11 @@ QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p
 
 
 def resolve_tiny_model(name: str = TINY_MODEL_NAME) -> Path:
-    """`$OXRL_CHECKPOINT_DIR/<name>` (`oxrl-tiny` or `oxrl-tiny-vl`), built on first use."""
-    return build_tiny_model(Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / name,
-                            vision=name == TINY_VL_MODEL_NAME)
+    """`$OXRL_CHECKPOINT_DIR/<name>` (one of TINY_MODELS), built on first use."""
+    return build_tiny_model(Path(os.environ.get("OXRL_CHECKPOINT_DIR", "checkpoints")) / name, name)
 
 
-def build_tiny_model(path: Path, vision: bool = False) -> Path:
+def build_tiny_model(path: Path, name: str = TINY_MODEL_NAME) -> Path:
     """Build the model and tokenizer into `path` unless a complete build is there.
 
     Built in a temporary sibling and renamed into place, so that concurrent
@@ -74,7 +79,7 @@ def build_tiny_model(path: Path, vision: bool = False) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the build is read like any other model folder
     try:
-        (_write_vision_model if vision else _write_model)(staging)
+        TINY_MODELS[name](staging)
         (staging / COMPLETE_MARKER).write_text("")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -136,6 +141,43 @@ def _write_vision_model(folder: Path) -> None:
     images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=448 * 448)
     Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
                      chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+
+
+def _write_qwen3_vision_model(folder: Path) -> None:
+    import torch
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    tokenizer = _train_tokenizer(vision=True)
+    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=64, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            # M-RoPE as Qwen3-VL has it: the 32 frequencies interleaved over (time, height, width)
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [8, 12, 12],
+                             "mrope_interleaved": True},
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id),
+        # deepstack: both blocks' merged features are added to the first two decoder layers' inputs
+        vision_config=dict(depth=2, hidden_size=64, num_heads=1, intermediate_size=128, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=128, num_position_embeddings=64,
+                           deepstack_visual_indexes=[0, 1]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Qwen3VLForConditionalGeneration(config).save_pretrained(folder)
+    # Small images: at least 2x2 and at most 16x16 image tokens (64x64 to 512x512 pixels).
+    images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=512 * 512)
+    Qwen3VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(),
+                     chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+
+
+TINY_MODELS = {TINY_MODEL_NAME: _write_model, TINY_VL_MODEL_NAME: _write_vision_model,
+               TINY_QWEN3_VL_MODEL_NAME: _write_qwen3_vision_model}  # name -> what builds it
 
 
 def _corpus() -> list[str]:

@@ -24,6 +24,19 @@ def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_confi
         assert yaml.safe_load(check.stdout)["model"]["name_or_path"] == str(tiny_model_dir)
 
 
+def test_onboarding_the_tiny_qwen3_vl_writes_a_trainable_entry_and_configs_on_the_squares_pictures(
+        oxrl, tiny_qwen3_vl_model_dir, tmp_path):
+    result = oxrl("onboard", tiny_qwen3_vl_model_dir, "--out", tmp_path, env=WIDE)
+    assert result.returncode == 0, result.stderr
+    entry = load_entry(tmp_path / f"local--{tiny_qwen3_vl_model_dir.name}.yaml")
+    assert (entry.architecture, entry.model_class, entry.oxrl_trainable) == (
+        "Qwen3VLForConditionalGeneration", "image-text-to-text", True)
+    for name, command in (("sft.yaml", "sl"), ("rl.yaml", "rl")):
+        check = oxrl("train", command, "--config", tmp_path / f"local--{tiny_qwen3_vl_model_dir.name}" / name, "--dry-run")
+        assert check.returncode == 0, check.stderr
+        assert "squares" in yaml.safe_load(check.stdout)["data"]["train"][0]["path"]
+
+
 def test_a_model_without_chat_template_is_reported_then_refused_with_exit_2(oxrl, tiny_model_dir, tmp_path):
     model = tmp_path / "no-template"
     shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("chat_template.jinja"))

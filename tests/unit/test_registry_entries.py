@@ -52,3 +52,14 @@ def test_an_entry_onboarded_here_replaces_the_shipped_one_in_the_listing(tmp_pat
     listed = registry_entries(tmp_path)
     assert len(listed) == len(ENTRY_FILES)
     assert [e for e in listed if e.model == shipped.model] == [verified]
+
+
+def test_each_vision_language_entry_names_the_tiny_model_of_its_family_and_that_model_is_of_its_class():
+    from oxrl_core.models.tiny import TINY_MODELS
+
+    classes = {"oxrl-tiny-vl": {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"},
+               "oxrl-tiny-qwen3-vl": {"Qwen3VLForConditionalGeneration"}}
+    for path in ENTRY_FILES:
+        entry = load_entry(path)
+        if entry.model_type in VISION_MODEL_TYPES:
+            assert entry.tiny_model in TINY_MODELS and entry.architecture in classes[entry.tiny_model], entry.model
