@@ -67,6 +67,8 @@ def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl,
         assert summary["eval_after"]["eval_rewards/margins"] > summary["eval_before"]["eval_rewards/margins"]
 
 
+@pytest.mark.slow  # the whole suite runs Qwen2-VL's examples through the same data path, trainer and refresh (above),
+# and builds and onboards the tiny Qwen3-VL (tests/cli/test_onboard_cli.py); this is Qwen3-VL's own run, 3-4 minutes
 def test_qwen3_vl_trains_sft_dpo_and_cispo_and_its_refreshed_engine_samples_as_the_trainer_scores(
         tmp_path, tiny_qwen3_vl_model_dir, oxrl, oxrl_side_by_side):
     """The shipped examples with the Qwen3-VL family's tiny model: its own image sizes (32 pixels an image token),
