@@ -96,8 +96,16 @@ def build_tiny_model(path: Path, name: str = TINY_MODEL_NAME) -> Path:
     return path
 
 
-def _write_model(folder: Path) -> None:
+def _save_seeded(model_class, config, folder: Path) -> None:
+    """The model's weights drawn from seed 0, saved into `folder`, without resetting the caller's random state."""
     import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model_class(config).save_pretrained(folder)
+
+
+def _write_model(folder: Path) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = _train_tokenizer()
@@ -108,13 +116,10 @@ def _write_model(folder: Path) -> None:
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):  # seed the weights without resetting the caller's random state
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(config).save_pretrained(folder)
+    _save_seeded(Qwen2ForCausalLM, config, folder)
 
 
 def _write_vision_model(folder: Path) -> None:
-    import torch
     from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
                               Qwen2VLVideoProcessor)
 
@@ -134,9 +139,7 @@ def _write_vision_model(folder: Path) -> None:
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True, dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
+    _save_seeded(Qwen2VLForConditionalGeneration, config, folder)
     # Small images: at least 2x2 and at most 16x16 image tokens (56x56 to 448x448 pixels).
     images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=448 * 448)
     Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
@@ -144,7 +147,6 @@ def _write_vision_model(folder: Path) -> None:
 
 
 def _write_qwen3_vision_model(folder: Path) -> None:
-    import torch
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -167,9 +169,7 @@ def _write_qwen3_vision_model(folder: Path) -> None:
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True, dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        Qwen3VLForConditionalGeneration(config).save_pretrained(folder)
+    _save_seeded(Qwen3VLForConditionalGeneration, config, folder)
     # Small images: at least 2x2 and at most 16x16 image tokens (64x64 to 512x512 pixels).
     images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=512 * 512)
     Qwen3VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(),
