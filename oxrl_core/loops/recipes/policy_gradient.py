@@ -120,15 +120,15 @@ class PolicyGradient:
         run, train, rollout_cfg, start = self.run, self.train, self.rollout_cfg, time.perf_counter()
         run.position.policy_version = self.policy_version  # the trainer's version this step
         # 1. rollout and 2. reward: this step's batch; at lag k, sampled k steps ago, and step + k's is sampled now
-        sampled, ahead, seconds = None, None, {}
+        ahead, seconds = None, {}
         if self.staleness:
             sampled = self.take_async(step, seconds)
-        while not self.staleness and len(self.pending) < max(self.lag, 1):  # lag 0: every step; lag k: a fresh run's first k
-            try:
-                self.pending.append(self.sample(step + len(self.pending), run.position.timed))
-            except SamplingStopped as e:
-                self.stop(step - 1, str(e))
-        if not self.staleness:
+        else:
+            while len(self.pending) < max(self.lag, 1):  # lag 0: every step; lag k: a fresh run's first k
+                try:
+                    self.pending.append(self.sample(step + len(self.pending), run.position.timed))
+                except SamplingStopped as e:
+                    self.stop(step - 1, str(e))
             sampled = self.pending.popleft()
             ahead = in_background(self.sample, step + self.lag, timed) if self.lag else None
         rollouts, metrics, seconds = sampled.rollouts, dict(sampled.metrics), dict(sampled.seconds) | seconds
@@ -185,7 +185,7 @@ class PolicyGradient:
 
     def take_async(self, step: int, seconds: dict) -> SampledBatch:
         """Asynchronous: step `step`'s batch, once sampled. The batches of the next max_staleness steps are under way
-        (their prompts drawn in step order); each starts sampling when `admit` lets it."""
+        (their prompts drawn in step order); each starts sampling when `admitted_sample` lets it."""
         for later in range(step, min(step + self.staleness, self.train.steps) + 1):
             if later not in self.in_flight:
                 with self.drawing:
