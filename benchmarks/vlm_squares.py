@@ -23,7 +23,7 @@ from rich.console import Console
 from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import write_jsonl
-from oxrl_core.preprocess.shapes import square_images, vlm_prompt_records, vlm_sft_records
+from oxrl_core.preprocess.counting import prompt_records, sft_records, square_images
 
 DEMO = Path(__file__).resolve().parents[1] / "oxrl_core"
 
@@ -32,10 +32,10 @@ def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -
     data = out / f"data-seed{seed}"
     pictures = square_images(2000, seed=1000 + seed)
     val = square_images(64, seed=1)  # the shipped examples' held-out pictures
-    files = {"sft_train": write_jsonl(vlm_sft_records(pictures, 0.5, seed=seed), data / "sft_train.jsonl"),
-             "sft_val": write_jsonl(vlm_sft_records(val, 0.0, seed=seed), data / "sft_val.jsonl"),
-             "rl_train": write_jsonl(vlm_prompt_records(random.Random(seed).sample(pictures, 1000)), data / "rl_train.jsonl"),
-             "rl_val": write_jsonl(vlm_prompt_records(val), data / "rl_val.jsonl")}
+    files = {"sft_train": write_jsonl(sft_records(pictures, 0.5, seed=seed), data / "sft_train.jsonl"),
+             "sft_val": write_jsonl(sft_records(val, 0.0, seed=seed), data / "sft_val.jsonl"),
+             "rl_train": write_jsonl(prompt_records(random.Random(seed).sample(pictures, 1000)), data / "rl_train.jsonl"),
+             "rl_val": write_jsonl(prompt_records(val), data / "rl_val.jsonl")}
     result, _ = sft_then_rl(seed, out, files, sft_steps, rl_steps, console,
                             sft=["model.name_or_path=oxrl-tiny-vl", "data.max_len=64"], rl=["train.eval_every=0"])
     return result

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.models.tiny import TINY_QWEN3_VL_MODEL_NAME, TINY_VL_MODEL_NAME, resolve_tiny_model
+from oxrl_core.models.tiny import (TINY_AUDIO_MODEL_NAME, TINY_QWEN3_VL_MODEL_NAME, TINY_SMOLVLM_MODEL_NAME,
+                                  TINY_VL_MODEL_NAME, resolve_tiny_model)
 
 # Nothing in the suite may touch the network, and nothing may write into the checkout.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -64,6 +65,16 @@ def tiny_vl_model_dir(_isolated_dirs) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_vl_model_dir(_isolated_dirs) -> Path:
     return resolve_tiny_model(TINY_QWEN3_VL_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def tiny_smolvlm_model_dir(_isolated_dirs) -> Path:
+    return resolve_tiny_model(TINY_SMOLVLM_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def tiny_audio_model_dir(_isolated_dirs) -> Path:
+    return resolve_tiny_model(TINY_AUDIO_MODEL_NAME)
 
 
 @pytest.fixture(scope="session")

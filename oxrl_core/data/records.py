@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from oxrl_core.data.images import bind_images, has_images, image_policy, message_images
+from oxrl_core.data.media import KIND_FIELDS, bind_media, has_media, media_policy, message_media
 from oxrl_core.data.sft import SFTExample, chat_template_ids, content_text, tokenize_sft
 from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
@@ -102,8 +102,8 @@ def sft_messages(record: dict) -> list[dict]:
 
 def check_messages(messages: list) -> None:
     """ValueError unless every message is {role, content} with a known role, and content a string or a list of parts:
-    {"type": "text", "text": string}, or {"type": "image"} holding its image (bound from the record's `images`),
-    in a user or system message."""
+    {"type": "text", "text": string}, or {"type": "image"} or {"type": "audio"} holding its item (bound from the
+    record's `images` or `audios`, data/media.py), in a user or system message."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str | list):
             raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string or list of parts}}, "
@@ -112,13 +112,14 @@ def check_messages(messages: list) -> None:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 continue
-            if kind != "image":
-                raise ValueError(f"message {i}: a content part must be {{type: text, text: string}} or {{type: image}}, "
-                                 f"got {part!r:.80}")
-            if not isinstance(part.get("image"), np.ndarray):
-                raise ValueError(f"message {i} has an image part but the record has no 'images' (or 'image') field")
+            if kind not in KIND_FIELDS:
+                raise ValueError(f"message {i}: a content part must be {{type: text, text: string}}, {{type: image}} or "
+                                 f"{{type: audio}}, got {part!r:.80}")
+            if not isinstance(part.get(kind), np.ndarray):
+                raise ValueError(f"message {i} has an {kind} part but the record has no {' (or '.join(KIND_FIELDS[kind])}) "
+                                 "field")
             if m["role"] not in ("user", "system"):
-                raise ValueError(f"message {i}: images go in user or system messages, not in a {m['role']} message")
+                raise ValueError(f"message {i}: {kind}s go in user or system messages, not in a {m['role']} message")
 
 
 def _as_turns(value, role: str, name: str) -> list:
@@ -155,7 +156,7 @@ def record_tools(record: dict) -> list[dict] | None:
 class PromptExample:
     prompt_ids: list[int]
     record: dict  # the whole record: the reward reads its ground truth (answer, tests, ...)
-    images: tuple[np.ndarray, ...] = ()  # the prompt's images, sized (data/images.py), in order
+    media: tuple[np.ndarray, ...] = ()  # the prompt's images or audio clips, prepared (data/media.py), in order
 
 
 def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
@@ -174,14 +175,14 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
         check_messages(messages)
         tools = None
         if new_env is not None:
-            if message_images(messages):
-                raise ValueError("a record with images: episodes against an environment (rollout.env) are text-only for now")
+            if message_media(messages):
+                raise ValueError("a record with media: episodes against an environment (rollout.env) are text-only for now")
             env = new_env()
             messages, tools = env.reset(record), env.tools or None
         ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
         if len(ids) > max_prompt_len:
             raise ValueError(f"prompt is {len(ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")
-        return PromptExample(ids, record, tuple(message_images(messages)))
+        return PromptExample(ids, record, tuple(message_media(messages)))
 
     return load_examples(path, convert, strict, "prompt", tokenizer)
 
@@ -195,8 +196,8 @@ def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, k
     examples = []
     for number, record in records:
         try:
-            if tokenizer is not None and has_images(record):
-                record = bind_images(record, Path(path).parent, image_policy(tokenizer))
+            if tokenizer is not None and has_media(record):
+                record = bind_media(record, Path(path).parent, media_policy(tokenizer.name_or_path))
             examples.append(convert(record))
         except ValueError as e:
             problems.append(DataProblem(str(path), number, str(e)))

@@ -6,18 +6,18 @@ import jinja2
 import numpy as np
 import torch
 
-from oxrl_core.data.images import expand_image_tokens, image_policy, message_images
+from oxrl_core.data.media import expand_media_tokens, media_policy, message_media
 
 
 @dataclass
 class SFTExample:
     input_ids: list[int]
     target_mask: list[int]  # 1 where the token is a response token the loss trains on
-    images: tuple[np.ndarray, ...] = ()  # uint8 [H, W, 3] each, sized (data/images.py): one per run of image tokens, in order
+    media: tuple[np.ndarray, ...] = ()  # images or audio clips, prepared (data/media.py): one per expansion, in order
 
 
 def content_text(content: str | list[dict]) -> str:
-    """A message's text: its content, or the text parts of a content list (images left out)."""
+    """A message's text: its content, or the text parts of a content list (media left out)."""
     return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
@@ -66,15 +66,15 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         input_ids = through
     if 1 not in target_mask:
         raise ValueError("no assistant message to train on")
-    images = tuple(message_images(messages[:last + 1]))
-    image_token = image_policy(tokenizer).token_id if images else None
-    if image_token in input_ids[max_len:]:  # the model needs an image's tokens all or none
-        last = len(input_ids) - input_ids[::-1].index(image_token)
-        raise ValueError(f"the image tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
-                         f"use smaller images)")
+    media = tuple(message_media(messages[:last + 1]))
+    media_token = media_policy(tokenizer.name_or_path).token_id if media else None
+    if media_token in input_ids[max_len:]:  # the model needs an item's tokens all or none
+        last = len(input_ids) - input_ids[::-1].index(media_token)
+        raise ValueError(f"the media tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
+                         f"use smaller images or shorter clips)")
     if 1 not in target_mask[:max_len]:
         raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
-    return SFTExample(input_ids[:max_len], target_mask[:max_len], images)
+    return SFTExample(input_ids[:max_len], target_mask[:max_len], media)
 
 
 def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
@@ -82,9 +82,9 @@ def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bo
     ValueError if the template refuses them."""
     if not messages:
         return []
-    images = message_images(messages)
-    if images:  # the template renders one placeholder per image part; the image itself is not its business
-        messages = [{**m, "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
+    media = message_media(messages)
+    if media:  # the template renders one placeholder per media part; the item itself is not its business
+        messages = [{**m, "content": [{"type": p["type"]} if p["type"] in ("image", "audio") else p for p in m["content"]]}
                     if isinstance(m["content"], list) else m for m in messages]
     try:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
@@ -92,7 +92,7 @@ def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bo
             messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
     except jinja2.TemplateError as e:  # templates reject conversations, e.g. roles that do not alternate
         raise ValueError(f"the chat template rejects this conversation: {e}") from None
-    return expand_image_tokens(ids, images, image_policy(tokenizer)) if images else ids
+    return expand_media_tokens(ids, media, media_policy(tokenizer.name_or_path)) if media else ids
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -111,7 +111,7 @@ def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tens
         attention_mask[b, :n] = 1
         target_mask[b, :n] = torch.tensor(e.target_mask, dtype=torch.float32)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": target_mask[:, 1:]}
-    if any(e.images for e in examples):  # the rows' images in row order; image_counts [B]: how many are each row's
-        batch |= {"images": [image for e in examples for image in e.images],
-                  "image_counts": torch.tensor([len(e.images) for e in examples])}
+    if any(e.media for e in examples):  # the rows' media in row order; media_counts [B]: how many are each row's
+        batch |= {"media": [item for e in examples for item in e.media],
+                  "media_counts": torch.tensor([len(e.media) for e in examples])}
     return batch

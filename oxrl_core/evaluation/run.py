@@ -140,7 +140,7 @@ def _check_same_prompts(candidates: list[Candidate], data: Path) -> None:
 
 
 def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> list[Rollout]:
-    """`s.n` samples of each prompt (with its images, if any; sorted by prompt) from a vLLM engine started for them and
+    """`s.n` samples of each prompt (with its media, if any; sorted by prompt) from a vLLM engine started for them and
     shut down after."""
     on_gpu = torch.cuda.is_available()
     engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32",
@@ -150,7 +150,7 @@ def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> 
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values
         return engine.generate([p.prompt_ids for p in prompts], s.n, s.temperature, 1.0, [s.max_tokens] * len(prompts),
-                               [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))], [p.images for p in prompts])
+                               [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))], [p.media for p in prompts])
     finally:
         # vLLM's engine core hides its objects from the garbage collector (gc.freeze) until its shutdown; without it
         # the weights and KV cache stay, and the next engine finds no room (on CPU it sizes its KV cache by this

@@ -11,7 +11,7 @@ from oxrl_core.models.tiny import TINY_MODEL_NAME, TINY_MODELS, resolve_tiny_mod
 def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     """A loadable folder or hub id for `model.name_or_path` (or the setting `key` names), or one clear error.
 
-    The tiny models (`oxrl-tiny`, `oxrl-tiny-vl`, `oxrl-tiny-qwen3-vl`) are built locally on first use; a local folder must hold a
+    The tiny models (TINY_MODELS: `oxrl-tiny`, `oxrl-tiny-vl`, ...) are built locally on first use; a local folder must hold a
     config.json; anything else is tried as a hub id (cache first, the Hub when online).
     """
     if name_or_path in TINY_MODELS:
@@ -35,18 +35,23 @@ def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     return name_or_path
 
 
-def is_vision_language(model_path: str) -> bool:
-    """Whether the model reads images: its config has a vision encoder's."""
+def is_multimodal(model_path: str) -> bool:
+    """Whether the model reads images or audio: its config has an encoder's for them."""
     from transformers import AutoConfig
 
-    return getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+    return is_multimodal_config(AutoConfig.from_pretrained(model_path))
+
+
+def is_multimodal_config(config) -> bool:
+    """Whether a model's config has an encoder for images or audio beside its language model."""
+    return any(getattr(config, name, None) is not None for name in ("vision_config", "audio_config"))
 
 
 def meta_model(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
     """The model's module tree from its config alone: built on the meta device, no weights read."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMultimodalLM
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    auto = AutoModelForMultimodalLM if is_multimodal_config(config) else AutoModelForCausalLM
     with torch.device("meta"):
         return auto.from_config(config, trust_remote_code=trust_remote_code)

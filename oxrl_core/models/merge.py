@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.models.hub import resolve_model
+from oxrl_core.models.hub import is_multimodal_config, resolve_model
+from oxrl_core.models.names import restore_checkpoint_names
 from oxrl_core.models.tokenizer import load_tokenizer
 
 # peft task type -> the transformers class that the base loads as
@@ -72,8 +73,8 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
     tokenizer, pad_id = load_tokenizer(tokenizer_from)
     head = _head_config(adapter, weights, pad_id) if task_type == "SEQ_CLS" else {}
     base_config = transformers.AutoConfig.from_pretrained(base_path, **head)
-    vision = getattr(base_config, "vision_config", None) is not None  # a vision-language model, its processor kept
-    model_class = transformers.AutoModelForImageTextToText if vision else getattr(transformers, MODEL_CLASSES[task_type])
+    multimodal = is_multimodal_config(base_config)  # a model that reads images or audio, its processor kept
+    model_class = transformers.AutoModelForMultimodalLM if multimodal else getattr(transformers, MODEL_CLASSES[task_type])
     if base is not None:
         _check_same_architecture(adapter, base_path, base_config, peft_config.base_model_name_or_path)
     _check_adapter_fits(adapter, peft_config, weights, model_class, base_config, base_path)
@@ -88,7 +89,7 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
                    default=None)
     if diff is not None and diff > atol:
         raise OxrlError(f"{adapter}: merged logits differ from the adapter-applied ones by {diff:.3g} > --atol {atol:g}; nothing written")
-    processor = transformers.AutoProcessor.from_pretrained(tokenizer_from) if vision else tokenizer
+    processor = transformers.AutoProcessor.from_pretrained(tokenizer_from) if multimodal else tokenizer
     files = _write_atomically(out, merged.to(out_dtype), processor, max_shard_size)
     return MergeReport(adapter, base_path, task_type, sum(".lora_A." in n or "lora_embedding_A" in n for n in weights),
                        str(out_dtype).removeprefix("torch."), diff, tokenizer_from, out, files)
@@ -195,7 +196,8 @@ def _write_atomically(out: Path, model, processor, max_shard_size: str) -> list[
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(staging, max_shard_size=max_shard_size)
-        processor.save_pretrained(staging)  # the tokenizer, or a vision-language model's whole processor
+        restore_checkpoint_names(staging, model.config.model_type)
+        processor.save_pretrained(staging)  # the tokenizer, or a multimodal model's whole processor
         for shard in staging.glob("*.safetensors"):
             with safe_open(shard, "pt") as f:
                 leftover = [k for k in f.keys() if any(part in k for part in PEFT_NAME_PARTS)]

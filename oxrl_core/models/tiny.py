@@ -1,4 +1,4 @@
-"""The built-in tiny models `oxrl-tiny` and `oxrl-tiny-vl`: built locally in seconds, never downloaded.
+"""The built-in tiny models (TINY_MODELS): built locally in seconds, never downloaded.
 
 `oxrl-tiny`: a 2-layer Qwen2 (hidden 128, 2 heads, 1 KV head: head_dim 64, which
 vLLM's CPU kernels need) with tied embeddings and seeded random weights, and a
@@ -14,7 +14,18 @@ template) saved beside it; it stands in for Qwen2-VL and Qwen2.5-VL.
 `oxrl-tiny-qwen3-vl`: the same inside a Qwen3-VL (interleaved M-RoPE; a 2-block
 vision tower of 16-pixel patches, 2x2 merged: one image token per 32x32 pixels,
 whose blocks' features also enter the first decoder layers, "deepstack"); it
-stands in for Qwen3-VL. The same files come out of every build.
+stands in for Qwen3-VL.
+
+`oxrl-tiny-smolvlm`: the language model as a Llama inside an Idefics3 (SmolVLM) with a
+2-layer SigLIP-style vision encoder over 64x64 tiles (16-pixel patches, 2x2 shuffled into
+one token: 4 image tokens a tile); its processor resizes an image to at most 128 pixels a
+side and splits it into up to 2x2 tiles plus the whole image, framed by Idefics3's tokens.
+
+`oxrl-tiny-audio`: the language model inside a Qwen2-Audio with a 2-layer Whisper-style
+encoder (80 mel bins over Qwen2-Audio's 30 s window: 25 audio tokens a second) and its
+processor (Whisper's feature extractor at 16 kHz).
+
+The same files come out of every build.
 """
 
 import os
@@ -23,13 +34,20 @@ import tempfile
 from pathlib import Path
 
 from oxrl_core.errors import OxrlError
+from oxrl_core.models.names import restore_checkpoint_names
 
 TINY_MODEL_NAME = "oxrl-tiny"
 TINY_VL_MODEL_NAME = "oxrl-tiny-vl"
 TINY_QWEN3_VL_MODEL_NAME = "oxrl-tiny-qwen3-vl"
+TINY_SMOLVLM_MODEL_NAME = "oxrl-tiny-smolvlm"
+TINY_AUDIO_MODEL_NAME = "oxrl-tiny-audio"
 COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is a whole build
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# Idefics3's: an image's tiles are framed by <fake_token_around_image> and named <row_i_col_j>, the whole by <global-img>
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                   *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
+AUDIO_TOKENS = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 # ChatML without a default system message. Tools offered (multi-turn RL, envs/) are listed in a system message
 # first, compactly (a tiny model's context is short): `name(arguments): description` a line. The policy calls one as
 # Qwen's models do, with a JSON object in <tool_call> tags; a `tool` message is a turn of its own.
@@ -42,19 +60,28 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# The same, with a message's content either a string or a list of parts: text, or an image (Qwen2-VL's markers).
-CHATML_VL_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+
+
+def _media_template(parts: dict[str, str]) -> str:
+    """ChatML with a message's content either a string or a list of parts: text, or media rendered as `parts` says
+    (part type -> its placeholder text)."""
+    media = "".join(f"{{% elif part['type'] == '{kind}' %}}{{{{ '{text}' }}}}" for kind, text in parts.items())
+    return (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'text' %}{{ part['text'] }}" + media + "{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{{ '<|im_end|>' + '\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+
+
+CHATML_VL_TEMPLATE = _media_template({"image": "<|vision_start|><|image_pad|><|vision_end|>"})  # Qwen-VL's markers
+CHATML_IDEFICS3_TEMPLATE = _media_template({"image": "<image>"})
+CHATML_AUDIO_TEMPLATE = _media_template({"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"})  # Qwen2-Audio's
 # transformers 5 loads a qwen2 folder's tokenizer as Qwen2Tokenizer, which rebuilds the
 # pipeline around the saved vocabulary with this split (one token per digit), NFC and
 # byte-level; training with the same pipeline makes tokenizer.json and AutoTokenizer agree.
@@ -103,6 +130,7 @@ def _save_seeded(model_class, config, folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model_class(config).save_pretrained(folder)
+    restore_checkpoint_names(folder, config.model_type)
 
 
 def _write_model(folder: Path) -> None:
@@ -123,7 +151,7 @@ def _write_vision_model(folder: Path) -> None:
     from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
                               Qwen2VLVideoProcessor)
 
-    tokenizer = _train_tokenizer(vision=True)
+    tokenizer = _train_tokenizer(VISION_TOKENS, CHATML_VL_TEMPLATE)
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     config = Qwen2VLConfig(
         text_config=dict(
@@ -150,7 +178,7 @@ def _write_qwen3_vision_model(folder: Path) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    tokenizer = _train_tokenizer(vision=True)
+    tokenizer = _train_tokenizer(VISION_TOKENS, CHATML_VL_TEMPLATE)
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     config = Qwen3VLConfig(
         text_config=dict(
@@ -176,8 +204,57 @@ def _write_qwen3_vision_model(folder: Path) -> None:
                      chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
 
 
+def _write_smolvlm_model(folder: Path) -> None:
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+
+    tokenizer = _train_tokenizer(IDEFICS3_TOKENS, CHATML_IDEFICS3_TEMPLATE)
+    config = Idefics3Config(
+        text_config=dict(
+            model_type="llama", vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e5},
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True),
+        # a tile of 64x64 pixels is 4x4 patches of 16, 2x2 of them shuffled into one token: 4 image tokens a tile
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
+                           image_size=64, patch_size=16),
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True, dtype="float32",
+    )
+    _save_seeded(Idefics3ForConditionalGeneration, config, folder)
+    # An image is resized to at most 128 pixels a side and split into 64x64 tiles (at most 2x2) plus the whole
+    # image shrunk to one tile, as SmolVLM splits into 384-pixel tiles.
+    images = Idefics3ImageProcessor(size={"longest_edge": 128}, max_image_size={"longest_edge": 64})
+    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+                      chat_template=CHATML_IDEFICS3_TEMPLATE).save_pretrained(folder)
+
+
+def _write_audio_model(folder: Path) -> None:
+    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
+                              WhisperFeatureExtractor)
+
+    tokenizer = _train_tokenizer(AUDIO_TOKENS, CHATML_AUDIO_TEMPLATE)
+    config = Qwen2AudioConfig(
+        text_config=dict(
+            model_type="qwen2", vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True),
+        # Whisper's encoder, narrow, over Qwen2-Audio's 30 s (vLLM takes no other): 3000 mel frames, 1500 after its
+        # strided convolution, 750 after its pooling; a clip of s seconds is 25 s audio tokens
+        audio_config=dict(d_model=64, encoder_layers=2, encoder_attention_heads=1, encoder_ffn_dim=128,
+                          num_mel_bins=80, max_source_positions=1500),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"), tie_word_embeddings=True, dtype="float32",
+    )
+    _save_seeded(Qwen2AudioForConditionalGeneration, config, folder)
+    features = WhisperFeatureExtractor(feature_size=80, sampling_rate=16000)
+    Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer,
+                        chat_template=CHATML_AUDIO_TEMPLATE).save_pretrained(folder)
+
+
 TINY_MODELS = {TINY_MODEL_NAME: _write_model, TINY_VL_MODEL_NAME: _write_vision_model,
-               TINY_QWEN3_VL_MODEL_NAME: _write_qwen3_vision_model}  # name -> what builds it
+               TINY_QWEN3_VL_MODEL_NAME: _write_qwen3_vision_model, TINY_SMOLVLM_MODEL_NAME: _write_smolvlm_model,
+               TINY_AUDIO_MODEL_NAME: _write_audio_model}  # name -> what builds it
 
 
 def _corpus() -> list[str]:
@@ -195,7 +272,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer(vision: bool = False):
+def _train_tokenizer(media_tokens: list[str] = (), template: str = CHATML_TEMPLATE):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -206,11 +283,10 @@ def _train_tokenizer(vision: bool = False):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS + (VISION_TOKENS if vision else []),
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS + list(media_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", *(VISION_TOKENS if vision else [])],
-        chat_template=CHATML_VL_TEMPLATE if vision else CHATML_TEMPLATE, model_max_length=1024,
+        additional_special_tokens=["<|im_start|>", *media_tokens], chat_template=template, model_max_length=1024,
     )

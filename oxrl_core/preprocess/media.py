@@ -1,17 +1,19 @@
-"""Checking the base64 media of multimodal records: images (`image`, `images`) and audio (`audio`).
+"""Checking the base64 media of multimodal records: images (`image`, `images`) and audio (`audio`, `audios`).
 
 The media stay base64 text in the output; they are decoded here only to drop, with
 a reason, a record whose bytes would not decode at training time. Images decode
-with Pillow (any format it reads); audio decodes with the standard library's
-`wave`, so only PCM WAV is accepted (no FLAC/MP3 decoder is installed).
+with Pillow (any format it reads); audio with libsndfile, as training reads it
+(data/audio.py: WAV, FLAC, OGG, MP3, ...), its first 30 s.
 """
 
 import base64
 import binascii
 import io
-import wave
 
-MEDIA_FIELDS = ("image", "images", "audio")
+from oxrl_core.data.audio import decode_audio
+
+MEDIA_FIELDS = ("image", "images", "audio", "audios")
+CHECKED_SECONDS = 30  # what Qwen2-Audio hears of a clip
 
 
 def media_fields(record: dict) -> dict:
@@ -20,17 +22,16 @@ def media_fields(record: dict) -> dict:
 
 
 def check_media(media: dict) -> None:
-    """ValueError(reason) unless every image decodes as an image and the audio as PCM WAV."""
-    if "image" in media:
-        _check_image(_decode_base64(media["image"], "image"), "image")
-    if "images" in media:
-        images = media["images"]
-        if not isinstance(images, list):
-            raise ValueError(f"field 'images' must be a list of base64 strings, got {type(images).__name__}")
-        for i, image in enumerate(images):
-            _check_image(_decode_base64(image, f"images[{i}]"), f"images[{i}]")
-    if "audio" in media:
-        _check_wav(_decode_base64(media["audio"], "audio"))
+    """ValueError(reason) unless every image decodes as an image and every clip as audio."""
+    for one, many, check in (("image", "images", _check_image), ("audio", "audios", _check_audio)):
+        if one in media:
+            check(_decode_base64(media[one], one), one)
+        if many in media:
+            items = media[many]
+            if not isinstance(items, list):
+                raise ValueError(f"field {many!r} must be a list of base64 strings, got {type(items).__name__}")
+            for i, item in enumerate(items):
+                check(_decode_base64(item, f"{many}[{i}]"), f"{many}[{i}]")
 
 
 def _decode_base64(value, name: str) -> bytes:
@@ -52,13 +53,5 @@ def _check_image(data: bytes, name: str) -> None:
         raise ValueError(f"field {name!r} does not decode as an image ({e})") from None
 
 
-def _check_wav(data: bytes) -> None:
-    try:
-        with wave.open(io.BytesIO(data)) as audio:
-            frames = audio.readframes(audio.getnframes())
-            expected = audio.getnframes() * audio.getnchannels() * audio.getsampwidth()
-    except (wave.Error, EOFError) as e:
-        reason = str(e) or "the data ends early"  # EOFError comes without a message
-        raise ValueError(f"field 'audio' does not decode as PCM WAV, the one audio format checked ({reason})") from None
-    if len(frames) != expected:
-        raise ValueError(f"field 'audio' is truncated: {len(frames)} bytes of samples, its header promises {expected}")
+def _check_audio(data: bytes, name: str) -> None:
+    decode_audio(data, f"field {name!r}", CHECKED_SECONDS)

@@ -1,7 +1,7 @@
 """Ready-to-run SFT and RL configs for an onboarded model, checked against the run schema before they are written.
 
 They train on the shipped synthetic data (paths relative to the repository root): arithmetic, or for a
-vision-language model the squares-counting pictures. Point `data.train` at your own data for real work.
+vision-language model the squares-counting pictures, for an audio model the beeps-counting clips. Point `data.train` at your own data for real work.
 """
 
 from pathlib import Path
@@ -24,7 +24,7 @@ def write_configs(entry: RegistryEntry, trust_remote_code: bool, folder: Path) -
     lora_section = {"enabled": lora, "r": 16, "alpha": 32.0, "target_modules": entry.lora_targets}
     deepspeed = {"zero_stage": 2 if lora else 3}  # LoRA's trainable weights are small; full training needs everything sharded
     stem = Path(entry.model).name
-    task = "squares" if entry.model_class == "image-text-to-text" else "arithmetic"
+    task = {"image-text-to-text": "squares", "audio-text-to-text": "beeps"}.get(entry.model_class, "arithmetic")
     sft = {
         "model": model, "lora": lora_section,
         "data": {"train": [{"path": str(DATA / f"{task}_sft_train.jsonl")}], "val": str(DATA / f"{task}_sft_val.jsonl"),

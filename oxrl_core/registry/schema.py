@@ -33,7 +33,7 @@ class RegistryEntry(BaseModel):
     vocab_size: PositiveInt = Field(description="Rows of the embedding matrix.")
     chat_template: bool = Field(description="The tokenizer ships a chat template.")
     oxrl_trainable: bool = Field(description="oxrl's trainer can load it (transformers' AutoModelForCausalLM has a class for it, "
-                                             "or it is a vision-language model of the Qwen-VL families).")
+                                             "or it is a multimodal model whose media oxrl trains: the Qwen-VL families, Idefics3, Qwen2-Audio).")
     tiny_model: str | None = Field(None, description="The built-in tiny model of its family (same architecture class and "
                                                      "processor, small widths), on which the tests train it end to end.")
     recommended_mode: Literal["full", "lora"] = Field(description="Full fine-tuning or LoRA, by the rule in scout.recommend_mode.")

@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from oxrl_core.data.images import VISION_MODEL_TYPES
+from oxrl_core.data.media import MEDIA_MODEL_TYPES
 from oxrl_core.data.sft import tokenize_sft
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model
@@ -85,7 +85,7 @@ def scout(model: str, trust_remote_code: bool = False) -> ScoutReport:
         findings.append(Finding("warn", f"vLLM {vllm_version} does not support {facts['architecture']}: RL rollouts need it (SFT works without)"))
     if not facts["oxrl_trainable"]:
         findings.append(Finding("warn", f"oxrl trains causal LMs (AutoModelForCausalLM, which has no class for model_type "
-                                        f"{config.model_type!r}) and the vision-language models {', '.join(VISION_MODEL_TYPES)}: "
+                                        f"{config.model_type!r}) and the multimodal models {', '.join(MEDIA_MODEL_TYPES)}: "
                                         "the entry is written, no training configs"))
     gpu_memory_gb, gpu_note = _gpu_memory()
     entry = RegistryEntry(
@@ -160,7 +160,7 @@ def _model_facts(config, folder: str, trust_remote_code: bool) -> dict:
         "context_length": text_config.max_position_embeddings,
         "dtype": str(dtype or "float32").removeprefix("torch."),
         "vocab_size": text_config.vocab_size,
-        "oxrl_trainable": config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in VISION_MODEL_TYPES
+        "oxrl_trainable": config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in MEDIA_MODEL_TYPES
                           or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}),
         "lora_targets": _lora_targets(model),
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxrl_core.data.images import collapse_image_tokens
+from oxrl_core.data.media import collapse_media_tokens, media_policy
 from oxrl_core.errors import OxrlError
 from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 
@@ -26,6 +26,7 @@ KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 # driver, requests that follow one (an episode's next turn) join together rather than one a step (a step that
 # prefills is slower than a decode-only one), and a weight refresh queued behind two calls waits at most twice that.
 ADVANCE_STEPS = 8
+PLACEHOLDER_IDS = ("image_token_id", "video_token_id", "audio_token_index")  # where configs name their media placeholders
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Rollout:
     finish_reason: str  # "stop" (EOS or stop string) or "length" (truncated)
     policy_version: int
     reward: float = 0.0
-    images: tuple[np.ndarray, ...] = ()  # the prompt's images (set by the pool, which has them), uint8 [H, W, 3] each
+    media: tuple[np.ndarray, ...] = ()  # the prompt's images or audio clips (data/media.py; set by the pool, which has them)
     # An episode (rollout/episodes.py): 1 where the policy sampled the response token, 0 where the environment or
     # the chat template put it; None: every token was sampled.
     policy_mask: list[int] | None = None
@@ -49,10 +50,10 @@ class Rollout:
     version_starts: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, done: "Completion", group: int, prompt_ids: list[int], images: tuple = ()) -> "Rollout":
+    def of(cls, done: "Completion", group: int, prompt_ids: list[int], media: tuple = ()) -> "Rollout":
         """A single-turn sample from its completion."""
         return cls(group, list(prompt_ids), done.token_ids, done.logprobs, done.finish_reason, done.policy_version,
-                   images=images, version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else ())
+                   media=media, version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else ())
 
     @property
     def answer_ids(self) -> list[int]:
@@ -76,7 +77,7 @@ class SampleRequest:
     seed: int
     temperature: float
     top_p: float
-    images: tuple[np.ndarray, ...] = ()  # uint8 [H, W, 3] each, their placeholders expanded in prompt_ids
+    media: tuple[np.ndarray, ...] = ()  # images or audio clips (data/media.py), their placeholders expanded in prompt_ids
 
 
 @dataclass
@@ -236,20 +237,20 @@ class RolloutEngine:
             self.llm.generate([TokensPrompt(prompt_token_ids=[0])], SamplingParams(max_tokens=1, logprobs=0, detokenize=False),
                               use_tqdm=False)
         config = self.llm.llm_engine.model_config.hf_config
-        # A vision-language model's image placeholders: a prompt's are collapsed before vLLM expands them; one the
-        # policy samples ends its sample (as EOS would), since the trainer cannot read one as text (data/images.py).
-        self.placeholders = [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
-                             if t is not None]
+        # A multimodal model's placeholders: a prompt's are collapsed before vLLM expands them; one the policy
+        # samples ends its sample (as EOS would), since the trainer cannot read one as text (data/media.py).
+        self.placeholders = [t for t in (getattr(config, name, None) for name in PLACEHOLDER_IDS) if t is not None]
+        self.model_path = model_path
 
     def start_failure(self) -> str | None:
         """Why vLLM did not start (the exception's first line), or None once it runs."""
         return self.failure
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: list[int],
-                 seeds: list[int], images: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
+                 seeds: list[int], media: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
         """`n` samples of each prompt, all at once (`oxrl eval`'s engine, in its own process), sorted by prompt.
         `max_tokens` and `seeds`: each prompt's; its j-th sample is seeded seed + j, as vLLM seeds a request of n."""
-        requests = [SampleRequest(i * n + j, ids, tokens, seed + j, temperature, top_p, images[i] if images else ())
+        requests = [SampleRequest(i * n + j, ids, tokens, seed + j, temperature, top_p, media[i] if media else ())
                     for i, (ids, tokens, seed) in enumerate(zip(prompts, max_tokens, seeds)) for j in range(n)]
         done = sorted(self.advance(requests, until_done=True), key=lambda c: c.key)
         return [Rollout.of(c, c.key // n, prompts[c.key // n]) for c in done]
@@ -259,7 +260,6 @@ class RolloutEngine:
         nothing is left); the requests that finished meanwhile. A step is one of vLLM's scheduler iterations over its
         running requests. What a call returns depends only on the requests the engine holds, never on timing: a
         driver that makes the same calls gets the same samples."""
-        from PIL import Image
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -271,9 +271,10 @@ class RolloutEngine:
                                     seed=r.seed, detokenize=False, stop_token_ids=self.placeholders,
                                     output_kind=RequestOutputKind.FINAL_ONLY)
             prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
-            if r.images:
-                prompt = TokensPrompt(prompt_token_ids=collapse_image_tokens(r.prompt_ids, self.placeholders[0]),
-                                      multi_modal_data={"image": [Image.fromarray(a) for a in r.images]})
+            if r.media:
+                media = media_policy(self.model_path)
+                prompt = TokensPrompt(prompt_token_ids=collapse_media_tokens(r.prompt_ids, r.media, media),
+                                      multi_modal_data=media.sampler_data(r.media))
             engine.add_request(str(r.key), prompt, params)
             self.version_starts[str(r.key)] = [(self.policy_version, 0)]
         finished, steps = [], 0
@@ -312,7 +313,7 @@ class RolloutEngine:
             starts[-1:] = [(policy_version, sampled)] if starts[-1][1] == sampled else [starts[-1], (policy_version, sampled)]
         # cached KV was computed with the old weights: running requests are preempted, to be prefilled again
         engine.reset_prefix_cache(reset_running_requests=True)
-        # So were the images' encoder outputs: the scheduler's record of them and the runner's store, reset together
+        # So were the media's encoder outputs: the scheduler's record of them and the runner's store, reset together
         # (the runner's alone, as `reload_weights` does on CPU, leaves the scheduler expecting outputs that are gone).
         self.llm.llm_engine.reset_encoder_cache()
         self.policy_version = policy_version

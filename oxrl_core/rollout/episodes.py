@@ -84,7 +84,7 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
         return SampleRequest(k, prompts[e.group].prompt_ids + e.response_ids,
                              min(max_tokens, max_episode_tokens - len(e.response_ids)),
                              sample_seed(seed_base * MAX_TURNS + e.turns, k, 1, 0), temperature, top_p,
-                             prompts[e.group].images)
+                             prompts[e.group].media)
 
     def follow_up(done: Completion) -> list[SampleRequest]:
         """The episode's message is in: record it, let the environment answer; its next turn, if any."""
@@ -116,4 +116,4 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
     for done in stream([turn(k) for k in range(len(episodes))], [e.group for e in episodes], follow_up):
         e = episodes[done.key]
         yield done.key, Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason,
-                      e.policy_version, images=prompts[e.group].images, policy_mask=e.policy_mask, env_reward=e.reward)
+                      e.policy_version, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward)

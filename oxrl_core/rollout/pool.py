@@ -56,14 +56,14 @@ class RolloutPool:
                               for i, w in enumerate(self.workers))], "weight channel")
 
     def requests(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
-                 images: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[SampleRequest]:
-        """`n` samples of each prompt (key: prompt i's j-th sample is i * n + j), each with its prompt's `images` (if
+                 media: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[SampleRequest]:
+        """`n` samples of each prompt (key: prompt i's j-th sample is i * n + j), each with its prompt's `media` (if
         any), of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens). Each sample has its
         own seed, so a resumed run resamples alike: prompt i's are spaced by n, as vLLM seeds a request of n."""
         r = self.rollout
         max_tokens = max_tokens or [r.max_tokens] * len(prompts)
         return [SampleRequest(i * n + j, ids, max_tokens[i], sample_seed(seed_base, i, n, j), temperature, r.top_p,
-                              tuple(images[i]) if images and images[i] else ())
+                              tuple(media[i]) if media and media[i] else ())
                 for i, ids in enumerate(prompts) for j in range(n)]
 
     def stream(self, requests: list[SampleRequest], groups: list[int], follow_up: FollowUp | None = None) -> Sampling:
@@ -73,11 +73,11 @@ class RolloutPool:
         return self.samples.submit(requests, [g % len(self.engines) for g in groups], follow_up)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
-                 images: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[Rollout]:
+                 media: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[Rollout]:
         """All `requests(...)` at once, as rollouts sorted by prompt (`Rollout.group`)."""
-        requests = self.requests(prompts, n, temperature, seed_base, images, max_tokens)
+        requests = self.requests(prompts, n, temperature, seed_base, media, max_tokens)
         done = sorted(self.stream(requests, [r.key // n for r in requests]), key=lambda c: c.key)
-        return [Rollout.of(c, c.key // n, prompts[c.key // n], requests[c.key].images) for c in done]
+        return [Rollout.of(c, c.key // n, prompts[c.key // n], requests[c.key].media) for c in done]
 
     def refresh(self, policy_version: int) -> None:
         """Bring every engine worker to the trainer's current weights; their samples then carry `policy_version`."""

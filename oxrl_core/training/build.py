@@ -19,30 +19,30 @@ def load_options(spec: TrainerSpec, packed: bool) -> dict:
     return dict(dtype=model_dtype(spec.model), attn_implementation=attention, trust_remote_code=spec.model.trust_remote_code)
 
 
-def pretrained(path: str, vision: bool, load: dict) -> torch.nn.Module:
-    """The language model at `path`: a vision-language one reads images beside the tokens."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+def pretrained(path: str, multimodal: bool, load: dict) -> torch.nn.Module:
+    """The language model at `path`: a multimodal one reads images or audio beside the tokens."""
+    from transformers import AutoModelForCausalLM, AutoModelForMultimodalLM
 
-    return (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, **load)
+    return (AutoModelForMultimodalLM if multimodal else AutoModelForCausalLM).from_pretrained(path, **load)
 
 
-def pretrained_policy(model_path: str, vision: bool, reward_model: bool, load: dict) -> torch.nn.Module:
+def pretrained_policy(model_path: str, multimodal: bool, reward_model: bool, load: dict) -> torch.nn.Module:
     """The policy as loaded; a reward model as a sequence classifier with one label, told the pad id that ends each
     sequence (it pools at the last non-pad token)."""
     if not reward_model:
-        return pretrained(model_path, vision, load)
+        return pretrained(model_path, multimodal, load)
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(
         model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load)
 
 
-def trainable_policy(model: torch.nn.Module, spec: TrainerSpec, vision: bool, zero3: bool, reward_model: bool,
+def trainable_policy(model: torch.nn.Module, spec: TrainerSpec, multimodal: bool, zero3: bool, reward_model: bool,
                      on_gpu: bool) -> tuple[torch.nn.Module, LogprobsHead | None]:
-    """The loaded policy made ready for DeepSpeed, and its LogprobsHead (or None): its vision tower set up, ZeRO-3's
+    """The loaded policy made ready for DeepSpeed, and its LogprobsHead (or None): its media encoder set up, ZeRO-3's
     patches, gradient checkpointing, LoRA's adapters, compiled blocks."""
-    if vision:
-        set_up_vision_tower(vision_tower(model), spec.model.freeze_vision)
+    if multimodal:
+        set_up_media_encoder(media_encoder(model), spec.model.freeze_vision)
     if zero3:
         rope_in_float32(model)
         torch_linear()
@@ -53,7 +53,7 @@ def trainable_policy(model: torch.nn.Module, spec: TrainerSpec, vision: bool, ze
         model = with_lora(model, spec, zero3, reward_model)
     causal_lm = model.get_base_model() if spec.lora.enabled else model  # the Hugging Face model, adapters in it
     if compiles_layers(spec, on_gpu):
-        compile_blocks(causal_lm, vision, zero3)
+        compile_blocks(causal_lm, multimodal, zero3)
     if zero3:
         gather_by_block(causal_lm)
     # The policy's logprobs come from its output layer without logits [B, T, V] (fused_head.py); in place before
@@ -61,8 +61,8 @@ def trainable_policy(model: torch.nn.Module, spec: TrainerSpec, vision: bool, ze
     return model, LogprobsHead.replace_output_layer(causal_lm)
 
 
-def set_up_vision_tower(tower: torch.nn.Module, freeze: bool) -> None:
-    """Towers whose blocks attend within boundaries (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: `cu_seqlens`): all images'
+def set_up_media_encoder(tower: torch.nn.Module, freeze: bool) -> None:
+    """Vision towers whose blocks attend within boundaries (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: `cu_seqlens`): all images'
     (and windows') patches in one variable-length attention call per block; frozen with `model.freeze_vision`."""
     if any("cu_seqlens" in inspect.signature(m.forward).parameters for m in tower.modules()):
         tower.config._attn_implementation = VISION_ATTENTION
@@ -85,9 +85,9 @@ def with_lora(model: torch.nn.Module, spec: TrainerSpec, zero3: bool, reward_mod
                                             task_type="SEQ_CLS" if reward_model else "CAUSAL_LM"))
 
 
-def frozen_model(path: str, vision: bool, load: dict, zero3: bool, ds_config: dict, device: torch.device) -> tuple:
+def frozen_model(path: str, multimodal: bool, load: dict, zero3: bool, ds_config: dict, device: torch.device) -> tuple:
     """A model that only runs forwards, and its LogprobsHead (or None); under ZeRO-3 sharded like the policy."""
-    model = pretrained(path, vision, load).eval()
+    model = pretrained(path, multimodal, load).eval()
     model.requires_grad_(False)
     head = LogprobsHead.replace_output_layer(model)
     if zero3:
@@ -100,13 +100,17 @@ def frozen_model(path: str, vision: bool, load: dict, zero3: bool, ds_config: di
     return model.to(device), head
 
 
-def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
-    """The vision encoder (with its merger into the language model's width) of a vision-language model."""
+def media_encoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The image or audio encoder of a multimodal model (Qwen-VL's with its merger into the language model's width;
+    Idefics3's and Qwen2-Audio's without their projector)."""
     inner = getattr(model, "model", model)
-    for name in ("visual", "vision_tower", "vision_model"):
+    for name in ENCODER_NAMES:
         if hasattr(inner, name):
             return getattr(inner, name)
-    raise ValueError(f"{type(model).__name__}: no vision tower found (visual, vision_tower or vision_model)")
+    raise ValueError(f"{type(model).__name__}: no media encoder found ({', '.join(ENCODER_NAMES)})")
+
+
+ENCODER_NAMES = ("visual", "vision_tower", "vision_model", "audio_tower")
 
 
 def compiles_layers(spec: TrainerSpec, on_gpu: bool) -> bool:
@@ -118,7 +122,7 @@ def compiles_layers(spec: TrainerSpec, on_gpu: bool) -> bool:
     return spec.model.compile
 
 
-def compile_blocks(model: torch.nn.Module, vision: bool = False, zero3: bool = False) -> None:
+def compile_blocks(model: torch.nn.Module, multimodal: bool = False, zero3: bool = False) -> None:
     """Regional compilation: torch.compile (inductor) each of the model's repeated blocks, the decoder layers its
     `_no_split_modules` names. They share one compiled code (torch >= 2.5 does not specialise it on the module
     instance), so a first step compiles one layer, not the whole model; a model naming no block is compiled whole.
@@ -127,7 +131,7 @@ def compile_blocks(model: torch.nn.Module, vision: bool = False, zero3: bool = F
     Under ZeRO-3 only each block's `forward` is compiled: compiling its whole call would trace DeepSpeed's gather and
     release hooks, which read each module's and parameter's `ds_id`, and the compiler, guarding on those numbers,
     recompiled for every layer until its limit of 8 and ran the other layers eager (slower than all eager)."""
-    eager = {id(m) for m in vision_tower(model).modules()} if vision else set()
+    eager = {id(m) for m in media_encoder(model).modules()} if multimodal else set()
     for block in [m for m in repeated_blocks(model) if id(m) not in eager] or [model]:
         if zero3:
             block.forward = torch.compile(block.forward)

@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from oxrl_core.models.value_head import VALUE_HEAD_FILE
+from oxrl_core.models.names import restore_checkpoint_names
 
 
 class Checkpoints:
@@ -32,10 +33,11 @@ class Checkpoints:
 
             policy_state = {name.removeprefix("policy."): t for name, t in state if not name.startswith("value_head.")}
             self._policy().save_pretrained(out_dir, state_dict=policy_state, safe_serialization=True)
+            restore_checkpoint_names(out_dir, self._policy().config.model_type)
             if self.critic:
                 save_file({n.removeprefix("value_head."): t for n, t in state if n.startswith("value_head.")}, out_dir / VALUE_HEAD_FILE)
-            # a vision-language model's processor: the tokenizer, the image processor and the chat template
-            (AutoProcessor if self.vision else AutoTokenizer).from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+            # a multimodal model's processor: the tokenizer, the image processor or feature extractor, the chat template
+            (AutoProcessor if self.multimodal else AutoTokenizer).from_pretrained(tokenizer_dir).save_pretrained(out_dir)
         torch.distributed.barrier()
 
     def _gathered(self, trainable_only: bool) -> list[tuple[str, torch.Tensor]]:

@@ -17,8 +17,8 @@ from oxrl_core.algs.base import LossArgs
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.process import redirect_output
 from oxrl_core.cluster.watchdog import collective_timeout
-from oxrl_core.data.images import vision_inputs
-from oxrl_core.models.hub import is_vision_language, resolve_model
+from oxrl_core.data.media import media_policy
+from oxrl_core.models.hub import is_multimodal, resolve_model
 from oxrl_core.models.value_head import PolicyWithValueHead
 from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
 from oxrl_core.training.checkpoint import Checkpoints
@@ -39,7 +39,6 @@ class TrainEngine(WeightPublisher, Checkpoints):
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         join_ranks(spec, rank, world_size, master, on_gpu)
-        from transformers import AutoImageProcessor
         from transformers.integrations import HfDeepSpeedConfig
 
         self.spec, self.rank, self._dtype = spec, rank, model_dtype(spec.model)
@@ -51,20 +50,18 @@ class TrainEngine(WeightPublisher, Checkpoints):
         # A reward model is the backbone with a scalar head, saved as a sequence classifier: it loads with
         # AutoModelForSequenceClassification anywhere, which pools at the last non-pad token (so it runs padded).
         self.reward_model = spec.scalar_head
-        # A vision-language model: its image processor makes each micro-batch's pixel values (data/images.py)
-        self.vision = is_vision_language(model_path)
-        self.image_processor = AutoImageProcessor.from_pretrained(model_path) if self.vision else None
-        # Packed rows would need M-RoPE's 3-D positions per packed sequence: vision-language models run padded.
-        self.packed = spec.model.attn_implementation == "varlen" and not self.reward_model and not self.vision
+        # A model that reads images or audio: its processor makes each micro-batch's encoder inputs (data/media.py)
+        self.multimodal, self.model_path = is_multimodal(model_path), model_path
+        # Packed rows would need M-RoPE's 3-D positions per packed sequence: multimodal models run padded.
+        self.packed = spec.model.attn_implementation == "varlen" and not self.reward_model and not self.multimodal
         load = load_options(spec, self.packed)
-        model = pretrained_policy(model_path, self.vision, self.reward_model, load)
-        self.image_token_id = model.config.image_token_id if self.vision else None
-        model, self.policy_head = trainable_policy(model, spec, self.vision, self.zero3, self.reward_model, on_gpu)
+        model = pretrained_policy(model_path, self.multimodal, self.reward_model, load)
+        model, self.policy_head = trainable_policy(model, spec, self.multimodal, self.zero3, self.reward_model, on_gpu)
         self.critic = spec.critic
         if self.critic:
             model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, self._dtype)
         self.engine = deepspeed_engine(model, spec, ds_config, on_gpu)
-        frozen = partial(frozen_model, vision=self.vision, load=load, zero3=self.zero3, ds_config=ds_config,
+        frozen = partial(frozen_model, multimodal=self.multimodal, load=load, zero3=self.zero3, ds_config=ds_config,
                          device=self.engine.device)
         # The starting policy, for a KL term or reference logprobs; KD's teacher (whose head only gives logits).
         self.reference, self.reference_head = frozen(model_path) if spec.reference_model else (None, None)
@@ -148,9 +145,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
             longest = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
             joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
                       for key in ("input_ids", "attention_mask")}
-            if any("images" in b for b in group):
-                joined |= {"images": [image for b in group for image in b.get("images", [])],
-                           "image_counts": torch.cat([b.get("image_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long))
+            if any("media" in b for b in group):
+                joined |= {"media": [item for b in group for item in b.get("media", [])],
+                           "media_counts": torch.cat([b.get("media_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long))
                                                       for b in group])}
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0
@@ -162,11 +159,12 @@ class TrainEngine(WeightPublisher, Checkpoints):
 
     def _to_device(self, batch: dict) -> dict:
         """The micro-batch on this rank's device; packed, with its model inputs under "packed", built here on the CPU
-        (their shapes depend on the data: on the GPU, building them would wait for its queue to drain); its images
-        as the model's inputs (`vision_inputs`)."""
-        if "images" in batch:
-            batch = {k: v for k, v in batch.items() if k not in ("images", "image_counts")} | vision_inputs(
-                batch, self.image_processor, self.image_token_id)
+        (their shapes depend on the data: on the GPU, building them would wait for its queue to drain); its media
+        as what the model reads beside the tokens, under "media_inputs" (`MediaPolicy.model_inputs`)."""
+        if "media" in batch:
+            inputs = media_policy(self.model_path).model_inputs(batch["input_ids"], batch["media"],
+                                                                batch["media_counts"].tolist())
+            batch = {k: v for k, v in batch.items() if k not in ("media", "media_counts")} | {"media_inputs": inputs}
         if self.packed:
             batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"]),
                              "unpacking": unpacking(batch["attention_mask"])}
@@ -183,10 +181,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
             return {"scores": model(**inputs).logits[:, 0]}  # [B]
         if self.packed:  # one row [1, N] of the real tokens; what comes out goes back to the padded layout
             inputs = batch["packed"] | {"use_cache": False}
-        targets = inputs["input_ids"]  # the tokens scored; a vision-language model reads them with its images
-        if "pixel_values" in batch:
-            inputs |= {"input_ids": batch["model_input_ids"], "pixel_values": batch["pixel_values"].to(self._dtype),
-                       "image_grid_thw": batch["image_grid_thw"], "mm_token_type_ids": batch["mm_token_type_ids"]}
+        targets = inputs["input_ids"]  # the tokens scored; a multimodal model reads them with its media
+        if "media_inputs" in batch:  # pixel values and audio features in the model's dtype
+            inputs |= {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in batch["media_inputs"].items()}
         padded = partial(unpack, layout=batch["unpacking"]) if self.packed else lambda x: x
         # The fused head gives the logprobs where the model's logits would be, never making them. The logits stay
         # where it cannot: KD, whose loss needs the student's full logits anyway, and output layers other than a

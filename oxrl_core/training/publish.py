@@ -5,26 +5,27 @@ from collections.abc import Iterator
 
 import torch
 
-from oxrl_core.training.build import vision_tower
+from oxrl_core.training.build import media_encoder
 from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
 
 
 class WeightPublisher:
     """A trainer rank's side of a weight refresh, methods of its Ray actor (`TrainEngine`, which provides `_policy()`,
-    `spec`, `rank`, `vision` and `zero3`). Every rank calls each of them: under ZeRO-3 every weight is gathered from
+    `spec`, `rank`, `multimodal` and `zero3`). Every rank calls each of them: under ZeRO-3 every weight is gathered from
     all of them."""
 
     def weight_plan(self) -> list[WeightSpec]:
         """What `refresh_weights` yields, in order: the policy's weights under their Hugging Face names, with
         LoRA merged (vLLM serves plain weights, no adapter machinery, and needs no restart)."""
-        return [WeightSpec(_served_name(name), tuple(getattr(param, "ds_shape", param.shape)), str(param.dtype).removeprefix("torch."))
+        model_type = self._policy().config.model_type
+        return [WeightSpec(_served_name(name, model_type), tuple(getattr(param, "ds_shape", param.shape)), str(param.dtype).removeprefix("torch."))
                 for name, param in self._refreshed_parameters()]
 
     def _refreshed_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """The policy's parameters the engines take at a refresh: all but the LoRA factors (merged into their base
         layer's weight) and a frozen vision tower (the engines loaded it from the same folder)."""
         policy = self._policy()
-        frozen = {id(p) for p in vision_tower(policy).parameters()} if self.vision and self.spec.model.freeze_vision else set()
+        frozen = {id(p) for p in media_encoder(policy).parameters()} if self.multimodal and self.spec.model.freeze_vision else set()
         return ((name, param) for name, param in policy.named_parameters()
                 if not _is_lora_factor(name) and id(param) not in frozen)
 
@@ -35,6 +36,7 @@ class WeightPublisher:
         import deepspeed
 
         policy = self._policy()
+        model_type = policy.config.model_type
         for name, param in self._refreshed_parameters():
             lora_layer = policy.get_submodule(name.split(".base_layer.")[0]) if ".base_layer.weight" in name else None
             params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
@@ -42,7 +44,7 @@ class WeightPublisher:
                 weight = None
                 if materialize:
                     weight = param.detach() if lora_layer is None else merged_lora_weight(param, lora_layer)
-                yield _served_name(name), weight
+                yield _served_name(name, model_type), weight
 
     def share_weights(self, engine_here: bool, bucket: int, bucket_bytes: int) -> dict[str, tuple]:
         """Colocated, called for bucket 0, 1, ... of the weight plan cut into `bucket_bytes` in turn: that bucket of this
@@ -92,9 +94,19 @@ def merged_lora_weight(weight: torch.Tensor, lora_layer) -> torch.Tensor:
         return weight + sum(lora_layer.get_delta_weight(a) for a in lora_layer.active_adapters)
 
 
-def _served_name(name: str) -> str:
-    """peft's parameter name as the base model (and vLLM) calls it."""
-    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+def _served_name(name: str, model_type: str) -> str:
+    """peft's parameter name as the model's checkpoints (and so vLLM) call it."""
+    name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+    for runtime, served in CHECKPOINT_PREFIXES.get(model_type, ()):
+        if name.startswith(runtime):
+            return served + name.removeprefix(runtime)
+    return name
+
+
+# Where transformers 5 names a model's modules otherwise than its checkpoints do and vLLM maps no name back (its
+# Qwen-VL and Idefics3 models take transformers' names): (runtime prefix, checkpoint prefix), the first that matches
+CHECKPOINT_PREFIXES = {"qwen2_audio": (("model.language_model.", "language_model.model."),
+                                       ("lm_head.", "language_model.lm_head."), ("model.", ""))}
 
 
 def _is_lora_factor(name: str) -> bool:

@@ -24,17 +24,21 @@ def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_confi
         assert yaml.safe_load(check.stdout)["model"]["name_or_path"] == str(tiny_model_dir)
 
 
-def test_onboarding_the_tiny_qwen3_vl_writes_a_trainable_entry_and_configs_on_the_squares_pictures(
-        oxrl, tiny_qwen3_vl_model_dir, tmp_path):
-    result = oxrl("onboard", tiny_qwen3_vl_model_dir, "--out", tmp_path, env=WIDE)
+@pytest.mark.parametrize("model_dir, architecture, model_class, task", [
+    ("tiny_qwen3_vl_model_dir", "Qwen3VLForConditionalGeneration", "image-text-to-text", "squares"),
+    ("tiny_smolvlm_model_dir", "Idefics3ForConditionalGeneration", "image-text-to-text", "squares"),
+    ("tiny_audio_model_dir", "Qwen2AudioForConditionalGeneration", "audio-text-to-text", "beeps")])
+def test_onboarding_each_tiny_multimodal_model_writes_a_trainable_entry_and_configs_on_its_counting_task(
+        oxrl, request, tmp_path, model_dir, architecture, model_class, task):
+    model_dir = request.getfixturevalue(model_dir)
+    result = oxrl("onboard", model_dir, "--out", tmp_path, env=WIDE)
     assert result.returncode == 0, result.stderr
-    entry = load_entry(tmp_path / f"local--{tiny_qwen3_vl_model_dir.name}.yaml")
-    assert (entry.architecture, entry.model_class, entry.oxrl_trainable) == (
-        "Qwen3VLForConditionalGeneration", "image-text-to-text", True)
+    entry = load_entry(tmp_path / f"local--{model_dir.name}.yaml")
+    assert (entry.architecture, entry.model_class, entry.oxrl_trainable) == (architecture, model_class, True)
     for name, command in (("sft.yaml", "sl"), ("rl.yaml", "rl")):
-        check = oxrl("train", command, "--config", tmp_path / f"local--{tiny_qwen3_vl_model_dir.name}" / name, "--dry-run")
+        check = oxrl("train", command, "--config", tmp_path / f"local--{model_dir.name}" / name, "--dry-run")
         assert check.returncode == 0, check.stderr
-        assert "squares" in yaml.safe_load(check.stdout)["data"]["train"][0]["path"]
+        assert task in yaml.safe_load(check.stdout)["data"]["train"][0]["path"]
 
 
 def test_a_model_without_chat_template_is_reported_then_refused_with_exit_2(oxrl, tiny_model_dir, tmp_path):

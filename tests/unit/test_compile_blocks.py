@@ -18,7 +18,7 @@ def test_each_decoder_layer_is_compiled_and_nothing_around_them(tiny_model_dir):
 
 def test_a_vision_language_models_decoder_layers_are_compiled_and_its_vision_blocks_stay_eager(tiny_vl_model_dir):
     model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir)
-    compile_blocks(model, vision=True)
+    compile_blocks(model, multimodal=True)
     compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
     assert compiled == [f"model.language_model.layers.{i}" for i in range(model.config.text_config.num_hidden_layers)]
 

@@ -33,10 +33,10 @@ def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_say
     assert on_policy.train.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
 
 
-def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_images():
+def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_media():
     image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
-    prompt_sets = [[SimpleNamespace(images=())], [SimpleNamespace(images=()), SimpleNamespace(images=(image,))]]
-    rollouts = [Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, images=(image,)),
+    prompt_sets = [[SimpleNamespace(media=())], [SimpleNamespace(media=()), SimpleNamespace(media=(image,))]]
+    rollouts = [Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, media=(image,)),
                 Rollout(1, [1], [5], [-1 / 3], "length", 4, reward=-1.0, policy_mask=[1], env_reward=0.5)]
     batch = SampledBatch(rollouts, [(1, 1), (0, 0)], 4, {"generated_tokens": 3}, {"generate": 1.5})
     back = SampledBatch.from_state(json.loads(json.dumps(batch.state())), prompt_sets)
@@ -47,7 +47,7 @@ def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_wit
                 a.env_reward) == (b.group, b.prompt_ids, b.response_ids, b.finish_reason, b.policy_version, b.reward,
                                   b.policy_mask, b.env_reward)
         assert a.sampler_logprobs == b.sampler_logprobs  # floats exactly: JSON keeps every bit of a float
-        assert len(a.images) == len(b.images) and all(np.array_equal(x, y) for x, y in zip(a.images, b.images))
+        assert len(a.media) == len(b.media) and all(np.array_equal(x, y) for x, y in zip(a.media, b.media))
 
 
 def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):

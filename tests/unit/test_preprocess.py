@@ -301,7 +301,7 @@ def test_media_that_do_not_decode_are_dropped_and_good_ones_kept_as_base64(tmp_p
         {"prompt": "Describe.", "image": base64.b64encode(b"hello, not an image").decode()},
         {"prompt": "Describe.", "image": base64.b64encode(base64.b64decode(image)[:400]).decode()},  # of ~800 bytes: header, half the pixels
         {"prompt": "Transcribe.", "audio": audio},
-        {"prompt": "Transcribe.", "audio": base64.b64encode(wav_bytes()[:-4]).decode()},
+        {"prompt": "Transcribe.", "audios": [base64.b64encode(wav_bytes()[:-4]).decode()]},  # 8 of the 10 samples
         {"prompt": "Transcribe.", "audio": base64.b64encode(b"ID3 an mp3 header").decode()},
         {"prompt": "Describe.", "image": 5},
         {"prompt": "Compare.", "images": image},
@@ -309,17 +309,18 @@ def test_media_that_do_not_decode_are_dropped_and_good_ones_kept_as_base64(tmp_p
     ]
     manifest = preprocess(str(write_jsonl(tmp_path / "mm.jsonl", lines)), "generic", tmp_path / "out")
     assert output_rows(tmp_path / "out") == [
-        {"prompt": "Describe.", "image": image, "images": None, "audio": None},
-        {"prompt": "Transcribe.", "image": None, "images": None, "audio": audio},
-        {"prompt": "Compare.", "image": None, "images": [image, image], "audio": None},
+        {"prompt": "Describe.", "image": image, "images": None, "audio": None, "audios": None},
+        {"prompt": "Transcribe.", "image": None, "images": None, "audio": audio, "audios": None},
+        {"prompt": "Transcribe.", "image": None, "images": None, "audio": None,
+         "audios": [base64.b64encode(wav_bytes()[:-4]).decode()]},
+        {"prompt": "Compare.", "image": None, "images": [image, image], "audio": None, "audios": None},
     ]
     reasons = {d["row"]: d["reason"] for d in manifest.dropped}
-    assert list(reasons) == [2, 3, 4, 6, 7, 8, 9]
+    assert list(reasons) == [2, 3, 4, 7, 8, 9]
     assert reasons[2].startswith("field 'images[1]' is not valid base64")
     assert reasons[3].startswith("field 'image' does not decode as an image (cannot identify image file")
     assert reasons[4].startswith("field 'image' does not decode as an image (image file is truncated")
-    assert reasons[6] == "field 'audio' is truncated: 16 bytes of samples, its header promises 20"
-    assert reasons[7].startswith("field 'audio' does not decode as PCM WAV, the one audio format checked")
+    assert reasons[7].startswith("field 'audio': not decodable audio")
     assert reasons[8] == "field 'image' must be a base64 string, got int"
     assert reasons[9] == "field 'images' must be a list of base64 strings, got str"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from oxrl_core.data.images import VISION_MODEL_TYPES
+from oxrl_core.data.media import MEDIA_MODEL_TYPES
 from oxrl_core.registry.schema import SHIPPED_DIR, entry_file_name, load_entry, registry_entries, write_entry
 from oxrl_core.registry.scout import HUB_ID, recommend_mode
 
@@ -37,7 +37,7 @@ def test_shipped_entry_validates_and_is_named_after_its_hub_id(path: Path):
 def test_shipped_entry_follows_the_full_vs_lora_rule_and_the_trainer_s_model_classes(path: Path):
     entry = load_entry(path)
     assert entry.recommended_mode == recommend_mode(entry.params, entry.gpu_memory_gb)
-    assert entry.oxrl_trainable == (entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or entry.model_type in VISION_MODEL_TYPES)
+    assert entry.oxrl_trainable == (entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or entry.model_type in MEDIA_MODEL_TYPES)
     assert (entry.active_params is not None) == ("moe" in entry.model_type)
 
 
@@ -54,12 +54,14 @@ def test_an_entry_onboarded_here_replaces_the_shipped_one_in_the_listing(tmp_pat
     assert [e for e in listed if e.model == shipped.model] == [verified]
 
 
-def test_each_vision_language_entry_names_the_tiny_model_of_its_family_and_that_model_is_of_its_class():
+def test_each_multimodal_entry_names_the_tiny_model_of_its_family_and_that_model_is_of_its_class():
     from oxrl_core.models.tiny import TINY_MODELS
 
     classes = {"oxrl-tiny-vl": {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"},
-               "oxrl-tiny-qwen3-vl": {"Qwen3VLForConditionalGeneration"}}
+               "oxrl-tiny-qwen3-vl": {"Qwen3VLForConditionalGeneration"},
+               "oxrl-tiny-smolvlm": {"Idefics3ForConditionalGeneration"},
+               "oxrl-tiny-audio": {"Qwen2AudioForConditionalGeneration"}}
     for path in ENTRY_FILES:
         entry = load_entry(path)
-        if entry.model_type in VISION_MODEL_TYPES:
+        if entry.model_type in MEDIA_MODEL_TYPES:
             assert entry.tiny_model in TINY_MODELS and entry.architecture in classes[entry.tiny_model], entry.model

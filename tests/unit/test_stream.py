@@ -109,7 +109,7 @@ def test_each_group_is_scored_while_the_engines_still_sample_the_others():
     stream = EngineStream([[engine]], FakeWatch())
     scored_when = []  # for each scored group: how many samples had ended by then
 
-    def requests(prompts, n, temperature, seed_base, images):
+    def requests(prompts, n, temperature, seed_base, media):
         return [request(i * n + j, 2 + 30 * i + j) for i in range(len(prompts)) for j in range(n)]
 
     def score(rollouts, records, step):
@@ -121,7 +121,7 @@ def test_each_group_is_scored_while_the_engines_still_sample_the_others():
     pg.alg = SimpleNamespace(dynamic_sampling=False)
     pg.train = SimpleNamespace(batch_size=8, seed=0)
     pg.rollout_cfg = SimpleNamespace(n_samples=2, temperature=1.0, top_p=1.0)
-    prompts = [SimpleNamespace(record={}, prompt_ids=[7], images=()) for _ in range(4)]
+    prompts = [SimpleNamespace(record={}, prompt_ids=[7], media=()) for _ in range(4)]
     pg.prompt_sets, pg.new_env, pg.policy_version = [prompts], None, 0
     pg.sampler = SimpleNamespace(next_batch=lambda count: [(0, i) for i in range(count)], state_dict=dict)
     pg.scoring, pg.drawing = threading.Lock(), threading.Lock()

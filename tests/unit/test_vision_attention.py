@@ -8,7 +8,7 @@ from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-from oxrl_core.training.build import vision_tower
+from oxrl_core.training.build import media_encoder
 from oxrl_core.training.packing import VISION_ATTENTION
 
 
@@ -25,7 +25,7 @@ def qwen25_windowed_tower() -> torch.nn.Module:
 @pytest.mark.parametrize("tower", ["oxrl-tiny-vl (Qwen2-VL)", "Qwen2.5-VL, windowed"])
 def test_one_call_per_block_gives_the_per_window_sdpa_values(tower, tiny_vl_model_dir, monkeypatch):
     if tower.startswith("oxrl-tiny-vl"):
-        model = vision_tower(AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, attn_implementation="sdpa",
+        model = media_encoder(AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, attn_implementation="sdpa",
                                                                           dtype=torch.float32)).eval()
     else:
         model = qwen25_windowed_tower()

@@ -53,15 +53,15 @@ class SampledBatch:
     seconds: dict
 
     def state(self) -> dict:
-        """For a checkpoint (JSON): the rollouts without their images, which the prompts give back."""
-        rollouts = [{f.name: getattr(r, f.name) for f in fields(Rollout) if f.name != "images"} for r in self.rollouts]
+        """For a checkpoint (JSON): the rollouts without their media, which the prompts give back."""
+        rollouts = [{f.name: getattr(r, f.name) for f in fields(Rollout) if f.name != "media"} for r in self.rollouts]
         return {"rollouts": rollouts, "prompts": self.prompts, "policy_version": self.policy_version,
                 "metrics": self.metrics, "seconds": self.seconds}
 
     @classmethod
     def from_state(cls, state: dict, prompt_sets: list[list[PromptExample]]) -> "SampledBatch":
         prompts = [tuple(p) for p in state["prompts"]]
-        rollouts = [Rollout(**r, images=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].images))
+        rollouts = [Rollout(**r, media=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].media))
                     for r in state["rollouts"]]
         return cls(rollouts, prompts, state["policy_version"], state["metrics"], state["seconds"])
 
@@ -266,8 +266,8 @@ class PolicyGradient:
             finished = stream_episodes(pool.stream, prompts, n, temperature, top_p, seed_base, self.new_env, self.template,
                                        self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
         else:
-            requests = pool.requests([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
-            finished = ((c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].images))
+            requests = pool.requests([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts])
+            finished = ((c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].media))
                         for c in pool.stream(requests, [r.key // n for r in requests]))
         ending = {}
         for key, rollout in finished:  # key: prompt i's j-th sample is i * n + j
@@ -379,7 +379,7 @@ def rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor
                 keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
                 sampled = x.policy_mask or [1] * len(x.response_ids)  # an episode's environment tokens never train
                 examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep * s for s in sampled],
-                                           x.images))
+                                           x.media))
             batch = collate_sft(examples, pad_id)
             check_no_trained_padding(batch["response_mask"], batch["attention_mask"])
             sampler_logprobs = torch.zeros_like(batch["response_mask"])

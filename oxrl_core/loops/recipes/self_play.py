@@ -75,7 +75,7 @@ class SelfPlaySupervised(OfflineSupervised):
             data = ([sequence(r, max_len) for r in kept.values()], None, stats)
         else:  # against the demonstrations: the reference is the policy at this point
             rollouts = self.run.pool.generate([d.prompt_ids for d in prompts], 1, rollout.temperature, seed_base,
-                                              [d.chosen.images for d in prompts])
+                                              [d.chosen.media for d in prompts])
             pairs = [PairExample(d.chosen, sequence(r, max_len)) for d, r in zip(prompts, rollouts)]
             data = (pairs, self.precompute_reference(pairs), {})
         torch.save(data, saved)
@@ -97,7 +97,7 @@ class SelfPlaySupervised(OfflineSupervised):
     def sample(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int, step: int) -> list[Rollout]:
         """`n` scored samples per prompt."""
         self.run.position.phase, self.run.position.policy_version = "sample", self.refreshed_at
-        rollouts = self.run.pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.images for p in prompts])
+        rollouts = self.run.pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts])
         self.run.score(rollouts, [p.record for p in prompts], step)
         return rollouts
 
@@ -105,7 +105,7 @@ class SelfPlaySupervised(OfflineSupervised):
 def sequence(rollout: Rollout, max_len: int, trained: bool = True) -> SFTExample:
     """A sampled response after its prompt, cut to `max_len`; the mask marks the response (nothing if not `trained`)."""
     mask = [0] * len(rollout.prompt_ids) + [int(trained)] * len(rollout.response_ids)
-    return SFTExample((rollout.prompt_ids + rollout.response_ids)[:max_len], mask[:max_len], rollout.images)
+    return SFTExample((rollout.prompt_ids + rollout.response_ids)[:max_len], mask[:max_len], rollout.media)
 
 
 def best_over_worst(rollouts: list[Rollout], num_prompts: int, max_len: int) -> tuple[list[PairExample], dict]:
