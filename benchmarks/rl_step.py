@@ -289,13 +289,13 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
 
     r = config.rollout
     examples = load_prompts(prompts, load_tokenizer(str(model))[0], r.max_prompt_len, strict=True)[0][:PROMPTS]
-    ids, images = [x.prompt_ids for x in examples], [x.images for x in examples]
+    ids, media = [x.prompt_ids for x in examples], [x.media for x in examples]
     engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0,
                            len(ids) * r.n_samples)
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, [r.max_tokens] * len(ids), list(range(len(ids))), images)
+        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, [r.max_tokens] * len(ids), list(range(len(ids))), media)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)

@@ -37,7 +37,7 @@ class ModelSection(Section):
                             "a one-off compile of one layer (and again once the micro-batches' shape first changes); "
                             "`auto` is on for GPUs, off on CPU.")
     trust_remote_code: bool = Field(False, description="Allow model code from the Hub; off unless you trust the repository.")
-    freeze_vision: bool = Field(True, description="Vision-language models: keep the vision encoder (and its merger) frozen; "
+    freeze_vision: bool = Field(True, description="Multimodal models: keep the vision encoder (and its merger) or the audio encoder frozen; "
                                                   "false trains it too (full weights only: LoRA adapts the language model).")
 
 

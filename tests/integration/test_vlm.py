@@ -68,34 +68,34 @@ def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl,
         assert summary["eval_after"]["eval_rewards/margins"] > summary["eval_before"]["eval_rewards/margins"]
 
 
-def family_example(family: str, alg: str, out: Path, *overrides: str) -> list[str]:
-    """The shipped example of `alg` with `family`'s tiny model: the squares task for an image model, the beeps task
-    (examples/audio_*) for the audio one."""
-    if family == "oxrl-tiny-audio":
-        return ["train", "rl" if alg == "cispo" else "sl", "--alg", alg, "--config", f"examples/audio_{alg}_tiny.yaml",
-                "train.steps=2", f"run.output_dir={out}", f"run.name={alg}", *overrides]
-    return example(alg, out, f"model.name_or_path={family}", f"run.name={alg}", *overrides)
+def family_example(family: str, model: Path, alg: str, out: Path, *overrides: str) -> list[str]:
+    """The shipped example of `alg` with `family`'s tiny model (built at `model`), into `out`/`alg`: the squares task
+    for an image model, the beeps task (examples/audio_*) for the audio one."""
+    config = f"examples/audio_{alg}_tiny.yaml" if family == "audio" else f"examples/vlm_{alg}_tiny.yaml"
+    return ["train", "rl" if alg == "cispo" else "sl", "--alg", alg, "--config", config, "train.steps=2",
+            f"run.output_dir={out / alg}", f"run.name={alg}", f"model.name_or_path={model}", *overrides]
 
 
 # Qwen3-VL shares the Qwen-VL path of the Qwen2-VL runs above (its own sizes, deepstack and vLLM model aside): it runs
 # in the long lane, 3-4 minutes; the tiny Qwen3-VL is built and onboarded in the whole suite (tests/cli/test_onboard_cli.py)
-@pytest.mark.parametrize("family", [pytest.param("oxrl-tiny-qwen3-vl", marks=pytest.mark.slow), "oxrl-tiny-smolvlm",
-                                    "oxrl-tiny-audio"])
+@pytest.mark.parametrize("family", [pytest.param("qwen3_vl", marks=pytest.mark.slow), "smolvlm", "audio"])
 def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engine_samples_as_the_trainer_scores(
-        tmp_path, family, oxrl, oxrl_side_by_side):
+        tmp_path, request, family, oxrl, oxrl_side_by_side):
     """The shipped examples with each family's tiny model through the CLI: Qwen3-VL (32 pixels an image token,
     interleaved M-RoPE, deepstack features), SmolVLM (Idefics3: an image split into tiles framed by row and column
     tokens, a pixel-shuffle connector, a Llama) and Qwen2-Audio (a Whisper encoder over 30 s of mel frames), each with
     vLLM's model of the family taking the trainer's weights. Both sides compute in float32 on CPU, differing only in
     the order of their sums: after a refresh the sampler-trainer gap per response token is below 1e-5 (at most 5e-7
     measured; a placeholder, tile or feature length the two sides disagreed on would move it by whole nats)."""
+    model = request.getfixturevalue(f"tiny_{family}_model_dir")
     reward = ("reward.func=rl_test_rewards:digit_share",)  # a reward the untrained policy earns: the loss has a gradient
-    supervised = oxrl_side_by_side(family_example(family, "sft", tmp_path), family_example(family, "dpo", tmp_path))
-    rl = oxrl(*family_example(family, "cispo", tmp_path, *reward), env={"PYTHONPATH": str(Path(__file__).parent)})
+    supervised = oxrl_side_by_side(family_example(family, model, "sft", tmp_path),
+                                   family_example(family, model, "dpo", tmp_path))
+    rl = oxrl(*family_example(family, model, "cispo", tmp_path, *reward), env={"PYTHONPATH": str(Path(__file__).parent)})
     for result in (*supervised, rl):
         assert result.returncode == 0, result.stderr[-3000:]
     for alg in ("sft", "dpo", "cispo"):
-        steps = json.loads((tmp_path / alg / "summary.json").read_text())["history"]
+        steps = json.loads((tmp_path / alg / alg / "summary.json").read_text())["history"]
         assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps), (family, alg)
     assert steps[1]["policy_version"] == 2 and steps[1]["logprob_gap_abs"] < 1e-5
 
