@@ -190,7 +190,7 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
 def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, kind: str,
                   tokenizer=None) -> tuple[list, DataReport]:
     """`convert` every record of a file; a ValueError becomes a problem tied to the record's line. With the model's
-    `tokenizer`, a record's images are read and sized first (data/images.py), into its image parts."""
+    `tokenizer`, a record's media are read and prepared first (data/media.py), into their parts."""
     records, problems = read_records(path)
     total = len(records) + len(problems)
     examples = []

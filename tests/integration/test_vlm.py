@@ -52,7 +52,10 @@ def sft_run(sft_runs) -> Path:
     return sft_runs["full"]
 
 
-@pytest.mark.parametrize("alg", [pytest.param("dpo", marks=pytest.mark.slow), "cispo"])  # images are a data concern
+# Both in the long lane: images are a data concern, and the whole suite runs DPO and CISPO with images on SmolVLM and
+# with audio (test_each_multimodal_family_... below), and a refreshed Qwen2-VL engine scoring image prompts as the
+# trainer does (test_a_refreshed_engine_scores_an_image_prompt_...)
+@pytest.mark.parametrize("alg", [pytest.param("dpo", marks=pytest.mark.slow), pytest.param("cispo", marks=pytest.mark.slow)])
 def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl, alg):
     # CISPO: a reward (share of digits in the response) that gives a signal on the random weights, so the step trains
     rewarded = ["reward.func=rl_test_rewards:digit_share"] if alg == "cispo" else []
