@@ -36,4 +36,4 @@ def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -
 
 
 if __name__ == "__main__":
-    seed_runs(__doc__, "audio-beeps", run, sft_steps=400, rl_steps=150)
+    seed_runs(__doc__, "audio-beeps", run, sft_steps=150, rl_steps=80)

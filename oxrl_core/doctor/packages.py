@@ -24,7 +24,7 @@ def package_checks(has_gpu: bool) -> list[Check]:
         requirers[vllm] = _requirements(vllm, extras=[])
     checks = [_package_check(name, requirers) for name in STACK]
     checks.append(_vllm_check(vllm, has_gpu, requirers["oxrl"]))
-    checks.append(vision_check())
+    checks += [vision_check(), audio_check()]
     return checks
 
 
@@ -44,6 +44,28 @@ def vision_check() -> Check:
                          f"release; scripts/install.sh does this)")
     return Check(name="vision", status="ok", finding=f"torchvision {_version('torchvision')} runs beside torch "
                                                     f"{_version('torch')}: vision-language models can train")
+
+
+def audio_check() -> Check:
+    """Whether audio can be trained on: libsndfile (through soundfile) decodes a clip and scipy resamples it, as
+    data/audio.py reads a record's clips."""
+    try:
+        import io
+
+        import numpy as np
+        import soundfile
+        from scipy.signal import resample_poly
+
+        clip = io.BytesIO()
+        soundfile.write(clip, np.zeros(800, np.float32), 8000, format="FLAC")
+        clip.seek(0)
+        resample_poly(soundfile.read(clip, dtype="float32")[0], 2, 1)
+    except Exception as e:  # a missing module, or a soundfile without its libsndfile
+        return Check(name="audio", status="warn", finding=f"audio models cannot train here: {type(e).__name__}: "
+                     f"{str(e).splitlines()[0][:120] if str(e) else ''}", fix="pip install soundfile scipy")
+    return Check(name="audio", status="ok", finding=f"soundfile {_version('soundfile')} (libsndfile "
+                                                   f"{soundfile.__libsndfile_version__}) and scipy {_version('scipy')}: "
+                                                   "audio models can train")
 
 
 def _package_check(name: str, requirers: dict[str, dict[str, SpecifierSet]]) -> Check:

@@ -26,7 +26,7 @@ def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl)
     assert result.returncode == (1 if report["status"] == "fail" else 0), result.stdout
     checks = checks_of(report)
     for name in ("python", "os", "cpu", "ram", "disk OXRL_DATA_DIR", "disk OXRL_CHECKPOINT_DIR", "/dev/shm", "nvcc",
-                 "torch", "transformers", "peft", "deepspeed", "vllm", "vision", "ray", "datasets", "mlflow", "huggingface",
+                 "torch", "transformers", "peft", "deepspeed", "vllm", "vision", "audio", "ray", "datasets", "mlflow", "huggingface",
                  "deepspeed accelerator", "ray cluster", "all-reduce"):
         assert name in checks, name
     if "gpu" in checks:  # no NVIDIA GPU here: CPU mode, explained, not a failure

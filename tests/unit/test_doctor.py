@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from oxrl_core.doctor import gpu, probes, system
 from oxrl_core.doctor.diagnose import run_checks
-from oxrl_core.doctor.packages import package_checks, vision_check
+from oxrl_core.doctor.packages import audio_check, package_checks, vision_check
 from oxrl_core.doctor.report import Check, Report
 
 GiB = 1024**3
@@ -261,6 +261,18 @@ def test_the_vision_check_says_whether_torchvision_runs_beside_torch(monkeypatch
     monkeypatch.setattr(torchvision.ops, "nms", broken)
     check = vision_check()
     assert check.status == "warn" and "torchvision::nms does not exist" in check.finding and "torch===2.13.0" in check.fix
+
+
+def test_the_audio_check_says_whether_a_clip_decodes_and_resamples(monkeypatch):
+    assert audio_check().status == "ok"  # the installed stack: audio trains here
+    import soundfile
+
+    def missing(*args, **kwargs):
+        raise OSError("cannot load library 'libsndfile.so'")
+
+    monkeypatch.setattr(soundfile, "write", missing)
+    check = audio_check()
+    assert check.status == "warn" and "libsndfile" in check.finding and "soundfile" in check.fix
 
 
 # -- report and probes ----------------------------------------------------------------------------

@@ -56,15 +56,21 @@ def test_sizing_gives_the_token_count_the_models_own_processor_gives_the_raw_ima
     assert int(again.prod() // processor.merge_size**2) == own
 
 
-def test_images_come_as_paths_base64_data_uris_bytes_and_datasets_dicts_alike(tmp_path, policy):
-    data = png(56, 84)
-    (tmp_path / "pictures").mkdir()
-    (tmp_path / "pictures" / "a.png").write_bytes(data)
+def bound_forms(tmp_path, data: bytes, kind: str, mime: str, policy) -> list[np.ndarray]:
+    """The item `data` bound from each form a record may give it in: a path relative to the data file's folder, an
+    absolute path, base64, a data URL, raw bytes, and `datasets`' dict with bytes or with a path."""
+    path = tmp_path / "media" / f"a.{mime}"
+    path.parent.mkdir()
+    path.write_bytes(data)
     b64 = base64.b64encode(data).decode()
-    forms = ["pictures/a.png", str(tmp_path / "pictures" / "a.png"), b64, f"data:image/png;base64,{b64}", data,
-             {"bytes": data, "path": None}, {"bytes": None, "path": str(tmp_path / "pictures" / "a.png")}]
-    arrays = [message_media(bind_media({"image": form, "prompt": user(IMAGE, TEXT)}, tmp_path, policy)["prompt"])[0]
-              for form in forms]
+    forms = [f"media/a.{mime}", str(path), b64, f"data:{kind}/{mime};base64,{b64}", data, {"bytes": data, "path": None},
+             {"bytes": None, "path": str(path)}]
+    return [message_media(bind_media({kind: form, "prompt": user({"type": kind}, TEXT)}, tmp_path, policy)["prompt"])[0]
+            for form in forms]
+
+
+def test_images_come_as_paths_base64_data_uris_bytes_and_datasets_dicts_alike(tmp_path, policy):
+    arrays = bound_forms(tmp_path, png(56, 84), "image", "png", policy)
     assert all(a.dtype == np.uint8 and a.shape == (84, 56, 3) and np.array_equal(a, arrays[0]) for a in arrays)
 
 
@@ -222,14 +228,7 @@ def test_each_family_reads_the_ids_and_encoder_inputs_its_own_processor_makes_fr
 
 
 def test_audio_comes_as_paths_base64_data_urls_bytes_and_datasets_dicts_alike_resampled_and_capped(tmp_path, audio_policy):
-    data = wav(0.5, rate=8000)
-    (tmp_path / "clips").mkdir()
-    (tmp_path / "clips" / "a.wav").write_bytes(data)
-    b64 = base64.b64encode(data).decode()
-    forms = ["clips/a.wav", str(tmp_path / "clips" / "a.wav"), b64, f"data:audio/wav;base64,{b64}", data,
-             {"bytes": data, "path": None}, {"bytes": None, "path": str(tmp_path / "clips" / "a.wav")}]
-    clips = [message_media(bind_media({"audio": form, "prompt": user(AUDIO, TEXT)}, tmp_path, audio_policy)["prompt"])[0]
-             for form in forms]
+    clips = bound_forms(tmp_path, wav(0.5, rate=8000), "audio", "wav", audio_policy)
     assert all(c.dtype == np.float32 and c.shape == (8000,) and np.array_equal(c, clips[0]) for c in clips)  # 16 kHz
     # a 440 Hz tone stays a 440 Hz tone: its spectrum peaks there
     assert abs(np.argmax(np.abs(np.fft.rfft(clips[0]))) * 16000 / len(clips[0]) - 440) < 5
