@@ -174,18 +174,18 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
     prompt = prompts[0]
     with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
         group, pool = start_actors(config, model_path, tmp_path / "logs", reservation)
-        before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, images=[prompt.images])
+        before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, media=[prompt.media])
         batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
         correct([b for r in batches for b in r], config.train)  # the sampler-trainer weights (none: ones)
         args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=16.0))
         group.call("train_step", batches, alg="cispo", args=args)
         pool.refresh(1)
-        after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=[prompt.images])
-        blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, images=None)  # the engine without the image
+        after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=[prompt.media])
+        blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=None)  # the engine without the image
         batches = rl_micro_batches(after, {}, 1, 4, pad, False)
         trainer = group.call("token_logprobs", batches)[0][0]
-        without_image = {k: v for k, v in batches[0][0].items() if k not in ("images", "image_counts")}
+        without_image = {k: v for k, v in batches[0][0].items() if k not in ("media", "media_counts")}
         trainer_blind = group.call("token_logprobs", [[without_image]])[0][0]
         n = len(prompt.prompt_ids)
         gaps, blind_gaps, engine_blind_gaps = [], [], []
