@@ -6,7 +6,7 @@ import jinja2
 import numpy as np
 import torch
 
-from oxrl_core.data.media import expand_media_tokens, media_policy, message_media
+from oxrl_core.data.media import KIND_FIELDS, expand_media_tokens, media_policy, message_media
 
 
 @dataclass
@@ -84,7 +84,7 @@ def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bo
         return []
     media = message_media(messages)
     if media:  # the template renders one placeholder per media part; the item itself is not its business
-        messages = [{**m, "content": [{"type": p["type"]} if p["type"] in ("image", "audio") else p for p in m["content"]]}
+        messages = [{**m, "content": [{"type": p["type"]} if p["type"] in KIND_FIELDS else p for p in m["content"]]}
                     if isinstance(m["content"], list) else m for m in messages]
     try:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
