@@ -239,12 +239,14 @@ def _write_audio_model(folder: Path) -> None:
             model_type="qwen2", vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
             bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True),
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False),
         # Whisper's encoder, narrow, over Qwen2-Audio's 30 s (vLLM takes no other): 3000 mel frames, 1500 after its
         # strided convolution, 750 after its pooling; a clip of s seconds is 25 s audio tokens
         audio_config=dict(d_model=64, encoder_layers=2, encoder_attention_heads=1, encoder_ffn_dim=128,
                           num_mel_bins=80, max_source_positions=1500),
-        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"), tie_word_embeddings=True, dtype="float32",
+        # Untied, as Qwen2-Audio-7B: tied, transformers 5.19 and vLLM 0.32 read the output layer the same way, but
+        # transformers 5.17 and vLLM 0.26 did not (0.25 nats a token apart on text alone, tests/gpu/RESULTS.md)
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"), tie_word_embeddings=False, dtype="float32",
     )
     _save_seeded(Qwen2AudioForConditionalGeneration, config, folder)
     features = WhisperFeatureExtractor(feature_size=80, sampling_rate=16000)
