@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,13 +151,13 @@ class SignalledRun:
 
 @pytest.fixture(scope="session")
 def oxrl_signalled():
-    """`oxrl_signalled(args, when, signum, to_group=False, env=None, after_signal=None, pid_of=None)`: run the console
-    script in a session of its own, send `signum` once `when(stdout so far)` is true (to the process, as Kubernetes
-    and SLURM do, or to its process group, as Ctrl-C does, or to the process `pid_of()` names), call `after_signal`
-    and wait for the exit. Every process of the run carries a marker in its environment, so those left behind are
-    found wherever they were reparented."""
+    """`oxrl_signalled(args, when, signum, to="driver", env=None, after_signal=None, pid_of=None)`: run the console
+    script in a session of its own, send `signum` once `when(stdout so far)` is true (`to`: "driver", the process,
+    as Kubernetes does; "group", its process group, as Ctrl-C and `timeout` do; "job", every process of the run at
+    once, as Slurm does; or the process `pid_of()` names), call `after_signal` and wait for the exit. Every process
+    of the run carries a marker in its environment, so those left behind are found wherever they were reparented."""
 
-    def run(args: list, when, signum: int, to_group: bool = False, env: dict | None = None,
+    def run(args: list, when, signum: int, to: str = "driver", env: dict | None = None,
             after_signal=None, pid_of=None) -> SignalledRun:
         marker = f"oxrl-test-{uuid.uuid4().hex}"
         shm_before = set(os.listdir("/dev/shm"))
@@ -173,7 +174,14 @@ def oxrl_signalled():
             time.sleep(0.1)
         assert process.poll() is None, f"the run ended before the signal:\n{''.join(errors)[-3000:]}"
         signalled = time.monotonic()
-        (os.killpg if to_group else os.kill)(pid_of() if pid_of else process.pid, signum)
+        if pid_of or to == "driver":
+            os.kill(pid_of() if pid_of else process.pid, signum)
+        elif to == "group":
+            os.killpg(process.pid, signum)
+        else:
+            for pid in _pids_with(f"OXRL_TEST_MARKER={marker}".encode()):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signum)
         if after_signal:
             after_signal()
         returncode = process.wait(timeout=300)

@@ -12,6 +12,7 @@ import ray
 
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.placement import PlacementRequest, decide, local_gpus
+from oxrl_core.cluster.shield import shielded_children
 from oxrl_core.cluster.watchdog import ActorWatch
 
 SHUTDOWN_GRACE_S = 10  # for the cluster's processes to exit after ray.shutdown, before they are killed
@@ -19,10 +20,12 @@ SHUTDOWN_GRACE_S = 10  # for the cluster's processes to exit after ray.shutdown,
 
 def start_ray(num_cpus: int | None = None) -> None:
     """Join `RAY_ADDRESS` when set, else start a private cluster on this machine of `num_cpus` CPU slots (default:
-    its cores). Slots are scheduling units: more processes than cores share them, as they would without Ray."""
+    its cores). Slots are scheduling units: more processes than cores share them, as they would without Ray. The
+    cluster's processes start shielded from SIGTERM (cluster/shield.py): a signal to the whole job stops the driver
+    alone, which saves before it shuts them down."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    with signals_held():
+    with signals_held(), shielded_children():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
         else:

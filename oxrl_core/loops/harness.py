@@ -109,6 +109,9 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
     """Run `config` to its end (or a signal's stop) and return its summary, also written to summary.json."""
     algorithm = ALGORITHMS[config.train.alg]
     run_dir, _, state, config_yaml = open_run_folder(config, resume)
+    if state:
+        console.print(f"resuming from the checkpoint of step {state['step']} ({run_dir / 'ds' / state['tag']})",
+                      highlight=False, soft_wrap=True)
     with stop_on_signals(run_dir, console) as signals:  # from here on a signal stops the run cleanly
         tokenizer, pad_id = load_tokenizer(model_path)
         reward_fn = None

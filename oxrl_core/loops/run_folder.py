@@ -9,6 +9,8 @@ from pathlib import Path
 from oxrl_core.config.load import dump_config
 from oxrl_core.errors import OxrlError
 
+PARTIAL = ".partial-"  # the prefix of a checkpoint folder being written (hidden: no `checkpoint-*` pattern takes it)
+
 
 def open_run_folder(config, resume: bool) -> tuple[Path, Path, dict, str]:
     """(run folder, its DeepSpeed folder, the state to resume or {}, the resolved config as YAML).
@@ -25,33 +27,55 @@ def open_run_folder(config, resume: bool) -> tuple[Path, Path, dict, str]:
 
 
 def resume_state(ds_dir: Path) -> dict:
-    """The loop state saved with the last complete checkpoint (`ds/latest` names it)."""
+    """The loop state saved with the last complete checkpoint (`ds/latest` names it). Folders a stopped run was
+    writing (PARTIAL), or had written but not yet named in `latest`, are removed: the resumed run writes them again."""
     latest = ds_dir / "latest"
     if not latest.is_file():
         raise OxrlError(f"--resume: {ds_dir.parent} holds no checkpoint ({latest} is missing); run without --resume to start")
     tag = latest.read_text().strip()
-    return {"tag": tag, **json.loads((ds_dir / tag / "oxrl_state.json").read_text())}
+    state = {"tag": tag, **json.loads((ds_dir / tag / "oxrl_state.json").read_text())}
+    unnamed = [f for f in [*ds_dir.glob("step-*"), *ds_dir.parent.glob("checkpoint-*")] if _step(f.name) > state["step"]]
+    for folder in [*ds_dir.glob(PARTIAL + "*"), *ds_dir.parent.glob(PARTIAL + "*"), *unnamed]:
+        shutil.rmtree(folder, ignore_errors=True)
+    return state
+
+
+def _step(name: str) -> int:
+    """The step of a checkpoint folder's name (`step-16`, `checkpoint-000016`); -1 for any other name."""
+    number = name.rpartition("-")[2]
+    return int(number) if number.isdigit() else -1
 
 
 def save_checkpoint(group, run_dir: Path, step: int, final: bool, loop_state: dict, tokenizer_dir: str) -> Path:
     """Step `step`'s checkpoint: DeepSpeed's state and the loop's (`ds/step-N`, what --resume reads) and the Hugging
-    Face folder (`checkpoint-N`, or `final`), which it returns. `ds/latest` is replaced last, so it always names a
-    complete checkpoint. On a full disk the partial checkpoint is removed and the error is one line."""
+    Face folder (`checkpoint-N`, or `final`), which it returns. Both are written under a temporary name (PARTIAL) and
+    renamed once every rank has finished; `ds/latest` is replaced last. A checkpoint is therefore complete and named
+    by `latest`, or not there: whatever stops the writing (a dead rank, a second signal, a full disk) takes the
+    temporary folders with it, and a full disk is one line."""
     ds_dir, tag = run_dir / "ds", f"step-{step}"
     hf_dir = run_dir / ("final" if final else f"checkpoint-{step:06d}")
+    ds_partial, hf_partial = (folder.with_name(PARTIAL + folder.name) for folder in (ds_dir / tag, hf_dir))
     try:
-        group.call("save_checkpoint", ds_dir=ds_dir, tag=tag)
-        (ds_dir / tag / "oxrl_state.json").write_text(json.dumps({"step": step, **loop_state}))
-        group.call("save_hf", out_dir=hf_dir, tokenizer_dir=tokenizer_dir)
+        group.call("save_checkpoint", ds_dir=ds_dir, tag=ds_partial.name)
+        (ds_partial / "oxrl_state.json").write_text(json.dumps({"step": step, **loop_state}))
+        group.call("save_hf", out_dir=hf_partial, tokenizer_dir=tokenizer_dir)
+        replaced = []  # the same step's folders saved before (`final` of a resumed run): swapped out, then removed
+        for partial, folder in ((ds_partial, ds_dir / tag), (hf_partial, hf_dir)):
+            if folder.exists():
+                replaced.append(folder.with_name(PARTIAL + "old-" + folder.name))
+                os.replace(folder, replaced[-1])
+            os.replace(partial, folder)
         (ds_dir / "latest.tmp").write_text(tag)
         os.replace(ds_dir / "latest.tmp", ds_dir / "latest")
-    except Exception as e:
-        if not _disk_full(e, run_dir):
+        for folder in replaced:
+            shutil.rmtree(folder)
+    except BaseException as e:
+        for partial in (ds_partial, hf_partial):
+            shutil.rmtree(partial, ignore_errors=True)
+        if not isinstance(e, Exception) or not _disk_full(e, run_dir):
             raise
         latest = ds_dir / "latest"
         kept = latest.read_text().strip() if latest.is_file() else None
-        for partial_dir in (ds_dir / tag, hf_dir) if tag != kept else (hf_dir,):
-            shutil.rmtree(partial_dir, ignore_errors=True)
         raise OxrlError(f"checkpoint of step {step}: no space left on the disk of {run_dir}; "
                         + (f"the last complete checkpoint ({kept}) is intact: free space and rerun with --resume"
                            if kept else "no earlier checkpoint exists: free space and run again")) from None

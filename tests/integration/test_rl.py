@@ -142,32 +142,41 @@ def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refres
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
 # a signal's stop in start-up runs in the whole suite (test_sft.py); these add a step's checkpoint and its resume
-@pytest.mark.parametrize("signum, to_group", [pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
-                                              pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)],
-                         ids=["sigterm", "ctrl-c"])
-def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_uninterrupted_weights(
-        tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled, two_step_run, signum, to_group):
+@pytest.mark.parametrize("signum, to", [(signal.SIGTERM, "job"),
+                                        pytest.param(signal.SIGTERM, "driver", marks=pytest.mark.slow),
+                                        pytest.param(signal.SIGINT, "group", marks=pytest.mark.slow)],
+                         ids=["sigterm-to-every-process", "sigterm-to-the-driver", "ctrl-c"])
+def test_a_signal_mid_step_checkpoints_that_step_exits_and_resume_ends_with_the_uninterrupted_losses_and_weights(
+        tmp_path, tiny_model_dir, prompts, oxrl_rl, oxrl_signalled, two_step_run, signum, to):
+    """Slurm's preemption signals every process of the job (Ray's daemons, the ranks, the engines) at once, a
+    Kubernetes pod's stop the driver, Ctrl-C the process group: each ends as a stop of the driver alone would."""
     whole = two_step_run("cispo")
     pause = tmp_path / "pause"
     args = rl_args("cispo", tiny_model_dir, prompts, tmp_path, "run", "train.steps=2",
                    "reward.func=rl_test_rewards:digit_share_pausing_once")
     # step 1's reward waits while the pause file exists: the signal lands in step 1, then the step goes on
-    stopped = oxrl_signalled(args, lambda stdout: pause.exists(), signum, to_group,
+    stopped = oxrl_signalled(args, lambda stdout: pause.exists(), signum, to,
                              env={"PYTHONPATH": str(HERE), "PAUSE_FILE": str(pause)}, after_signal=pause.unlink)
     assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
     assert stopped.seconds_to_exit < 60
-    assert (tmp_path / "run" / "ds" / "latest").read_text() == "step-1"
+    assert "Traceback" not in stopped.stderr and "Error" not in stopped.stderr, stopped.stderr[-3000:]
     last_line = stopped.stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"stopped by {signum.name} after step 1; to continue: oxrl train rl ") and \
         last_line.endswith(" --resume"), last_line
+    # step 1's checkpoint, complete, and nothing else
+    assert (tmp_path / "run" / "ds" / "latest").read_text() == "step-1"
+    assert sorted(p.name for p in (tmp_path / "run" / "ds").iterdir() if p.is_dir()) == ["step-1"]
+    assert sorted(p.name for p in (tmp_path / "run").glob("*checkpoint-*")) == ["checkpoint-000001"]
     assert stopped.leftover_processes == [] and stopped.leftover_shm == []
 
-    if to_group:  # both signals checkpoint through the same path; Ctrl-C, which reaches every actor too, resumes
+    if to != "driver":  # the three checkpoint through the same path
         resumed = oxrl_rl(*args, "--resume")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"resuming from the checkpoint of step 1 ({tmp_path / 'run' / 'ds' / 'step-1'})" in resumed.stdout
+        assert [h["step"] for h in history(tmp_path / "run")] == [2]  # the resumed run trained step 2 itself
+        assert history(tmp_path / "run")[0]["loss"] == pytest.approx(history(whole)[1]["loss"], abs=1e-6)
         a, b = _safetensors(whole / "final"), _safetensors(tmp_path / "run" / "final")
         assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
-        assert history(tmp_path / "run")[0]["step"] == 2  # the resumed run trained step 2 itself
 
 
 def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_and_resumed_run_ends_bit_identical(
@@ -189,7 +198,7 @@ def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_an
     assert steps[1]["logprob_gap_abs"] > 1e-3  # step 2's samples are the old policy's, and the gap shows it
 
     latest = tmp_path / "resumed" / "ds" / "latest"
-    stopped = oxrl_signalled(args("resumed"), lambda _: latest.is_file(), signal.SIGTERM,  # during step 2
+    stopped = oxrl_signalled(args("resumed"), lambda _: latest.is_file(), signal.SIGTERM, "driver",  # in step 2
                              env={"PYTHONPATH": str(HERE)})
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert latest.read_text() == "step-2" and stopped.leftover_processes == []

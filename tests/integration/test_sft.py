@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -107,27 +108,42 @@ def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, shipped_sft_run
     assert "GENERATED 8" in gen.stdout, gen.stderr[-3000:]
 
 
-def test_resume_from_step_10_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tiny_model_dir, arithmetic, oxrl,
-                                                                           oxrl_side_by_side):
-    out, elsewhere = tmp_path / "runs", tmp_path / "other"  # runs side by side keep apart (each has an MLflow store)
-    # Warm-up spans the interruption and 20 steps of 8 cover the 64 examples 2.5 times, so the
-    # LR schedule and the data order (epochs) must both be restored to match.
-    common = ("deepspeed.zero_stage=2", "train.lr_scheduler=constant", "train.warmup_steps=8", "data.val=null")
-    whole, first = oxrl_side_by_side(sft_args(tiny_model_dir, arithmetic, elsewhere, "whole", *common, "train.steps=20"),
-                                     sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=10"))
+@pytest.mark.own_ray_cluster  # the signalled run's whole process tree is its own: nothing of it may outlive it
+def test_sigterm_to_every_process_of_the_job_saves_the_step_reached_and_resume_ends_with_the_uninterrupted_weights(
+        tmp_path, tiny_model_dir, arithmetic, oxrl, oxrl_signalled):
+    """Slurm's preemption: SIGTERM to every process of the job at once, some steps after a periodic checkpoint."""
+    out, elsewhere = tmp_path / "runs", tmp_path / "other"
+    # 20 steps of 8 cover the 64 examples 2.5 times and the warm-up may span the stop: the LR schedule and the data
+    # order (epochs) must both be restored to match
+    common = ("deepspeed.zero_stage=2", "train.lr_scheduler=constant", "train.warmup_steps=8", "data.val=null",
+              "train.steps=20", "run.checkpoint_every=4")
+    whole = oxrl(*sft_args(tiny_model_dir, arithmetic, elsewhere, "whole", *common))
     assert whole.returncode == 0, whole.stderr[-3000:]
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"))
-    assert again.returncode == 2 and "--resume" in again.stderr  # an existing run is never overwritten
-    resumed = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common, "train.steps=20"), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    latest = out / "split" / "ds" / "latest"
+    stopped = oxrl_signalled(sft_args(tiny_model_dir, arithmetic, out, "split", *common), lambda _: latest.is_file(),
+                             signal.SIGTERM, "job")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "Error" not in stopped.stderr, stopped.stderr[-3000:]
+    last_line = stopped.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(r"stopped by SIGTERM after step (\d+); to continue: oxrl train sl .* --resume", last_line)
+    assert match, last_line
+    step = int(match[1])  # the step in progress when the signal came, after step 4's checkpoint
+    assert 4 < step < 20 and latest.read_text() == f"step-{step}"
+    saved = sorted({*range(4, step, 4), step})
+    assert sorted(p.name for p in latest.parent.iterdir() if p.is_dir()) == sorted(f"step-{s}" for s in saved)
+    assert sorted(p.name for p in (out / "split").glob("*checkpoint-*")) == [f"checkpoint-{s:06d}" for s in saved]
+    assert stopped.leftover_processes == [] and stopped.leftover_shm == []
 
+    again = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common))
+    assert again.returncode == 2 and "--resume" in again.stderr  # an existing run is never overwritten
+    resumed = oxrl(*sft_args(tiny_model_dir, arithmetic, out, "split", *common), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from the checkpoint of step {step} " in resumed.stdout
+    assert json.loads((out / "split" / "summary.json").read_text())["first_step"] == step + 1
     a = load_file(elsewhere / "whole" / "final" / "model.safetensors")
     b = load_file(out / "split" / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
-    # and the resumed run really trained: its weights moved from the step-10 ones
-    assert json.loads((out / "split" / "summary.json").read_text())["first_step"] == 11
 
 
 @pytest.fixture(scope="module")
@@ -283,16 +299,16 @@ def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
 
 
 @pytest.mark.own_ray_cluster  # the whole process tree is the run's: nothing of it may outlive it
-@pytest.mark.parametrize("signum, to_group, starting", [(signal.SIGTERM, False, "ray"),
-                                                        pytest.param(signal.SIGINT, True, "ranks", marks=pytest.mark.slow)],
+@pytest.mark.parametrize("signum, to, starting", [(signal.SIGTERM, "driver", "ray"),
+                                                  pytest.param(signal.SIGINT, "group", "ranks", marks=pytest.mark.slow)],
                          ids=["sigterm-starting-ray", "ctrl-c-starting-ranks"])
 def test_a_signal_during_start_up_stops_the_run_at_once_leaving_nothing(tmp_path, tiny_model_dir, arithmetic,
-                                                                        oxrl_signalled, signum, to_group, starting):
+                                                                        oxrl_signalled, signum, to, starting):
     def when(stdout: str) -> bool:  # the data are read before Ray starts; a rank's log opens as the rank starts
         return "records used" in stdout if starting == "ray" else (tmp_path / "run" / "logs" / "rank0.log").exists()
 
     stopped = oxrl_signalled(sft_args(tiny_model_dir, arithmetic, tmp_path, "run", "train.steps=50"), when, signum,
-                             to_group)
+                             to)
     assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
     assert stopped.seconds_to_exit < 60
     last_line = stopped.stderr.strip().splitlines()[-1]

@@ -1,8 +1,11 @@
-"""Stopping on signals (loops/signals.py), signals held while Ray starts, and checkpoints on a full disk."""
+"""Stopping on signals (loops/signals.py), signals held while Ray starts, the cluster shielded from a job-wide
+SIGTERM (cluster/shield.py), and checkpoints complete or absent (loops/run_folder.py)."""
 
 import errno
 import shutil
 import signal
+import subprocess
+import sys
 from collections import namedtuple
 from pathlib import Path
 
@@ -10,8 +13,9 @@ import pytest
 from rich.console import Console
 
 from oxrl_core.cluster.session import signals_held
+from oxrl_core.cluster.shield import shielded_children
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.run_folder import save_checkpoint
+from oxrl_core.loops.run_folder import resume_state, save_checkpoint
 from oxrl_core.loops.signals import Stopped, stop_on_signals
 
 
@@ -124,3 +128,68 @@ def test_re_saving_the_step_latest_names_never_deletes_it_on_a_full_disk(tmp_pat
         save_checkpoint(FakeGroup(("save_hf", OSError(errno.ENOSPC, "full"))), tmp_path, 3, True, {}, "tok")
     assert (tmp_path / "ds" / "latest").read_text() == "step-3" and (tmp_path / "ds" / "step-3").is_dir()
     assert not Path(tmp_path / "final").exists()
+
+
+@pytest.mark.parametrize("method, error", [("save_hf", RuntimeError("ActorDiedError: rank1 died")),
+                                           ("save_checkpoint", KeyboardInterrupt())], ids=["a-rank-died", "second-signal"])
+def test_a_checkpoint_stopped_half_way_leaves_no_folder_and_latest_as_it_was(tmp_path, method, error):
+    save_checkpoint(FakeGroup(), tmp_path, 1, False, {}, "tok")
+    with pytest.raises(type(error)):
+        save_checkpoint(FakeGroup((method, error)), tmp_path, 2, False, {}, "tok")
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["latest", "step-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000001", "ds"]
+    assert (tmp_path / "ds" / "latest").read_text() == "step-1"
+
+
+def test_re_saving_a_step_replaces_its_folders_whole(tmp_path):
+    save_checkpoint(FakeGroup(), tmp_path, 3, True, {}, "tok")
+    (tmp_path / "final" / "stale.bin").write_bytes(b"x")
+    save_checkpoint(FakeGroup(), tmp_path, 3, True, {"again": 1}, "tok")
+    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["model.safetensors"]
+    assert '"again": 1' in (tmp_path / "ds" / "step-3" / "oxrl_state.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "final"]
+
+
+def test_resuming_removes_what_latest_does_not_name_and_keeps_the_earlier_checkpoints(tmp_path):
+    for step in (5, 10):
+        save_checkpoint(FakeGroup(), tmp_path, step, False, {}, "tok")
+    # what a run stopped while saving step 11 (and one killed between its renames and `latest`, step 12) left
+    for leftover in ("ds/.partial-step-11", ".partial-checkpoint-000011", "ds/step-12", "checkpoint-000012"):
+        (tmp_path / leftover).mkdir()
+    state = resume_state(tmp_path / "ds")
+    assert state["step"] == 10 and state["tag"] == "step-10"
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["latest", "step-10", "step-5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000005", "checkpoint-000010", "ds"]
+
+
+def _blocked(pid: int) -> set[int]:
+    mask = int(Path(f"/proc/{pid}/status").read_text().split("SigBlk:")[1].split()[0], 16)
+    return {s for s in range(1, 65) if mask >> (s - 1) & 1}
+
+
+def test_processes_started_shielded_keep_sigterm_pending_while_this_one_receives_it():
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        with shielded_children():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            signal.raise_signal(signal.SIGTERM)
+            assert received == []  # blocked here too while the block runs, then delivered
+        assert received == [signal.SIGTERM] and signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert signal.SIGTERM in _blocked(child.pid)
+        child.terminate()  # SIGTERM: pending, not fatal
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1)
+        child.kill()
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_shield_command_runs_a_command_with_sigterm_blocked_or_says_why_it_cannot(tmp_path):
+    shielded = subprocess.run([sys.executable, "-m", "oxrl_core.cluster.shield", "grep", "SigBlk", "/proc/self/status"],
+                              capture_output=True, text=True, timeout=60)
+    assert shielded.returncode == 0 and int(shielded.stdout.split()[1], 16) >> (signal.SIGTERM - 1) & 1
+    missing = subprocess.run([sys.executable, "-m", "oxrl_core.cluster.shield", "no-such-command-here"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "cannot run no-such-command-here: No such file or directory" in missing.stderr
