@@ -39,6 +39,7 @@ def run_checks(deep: bool, smoke: bool, timeout: float) -> Report:
     checks.append(gpu.nvcc_check(torch_cuda, has_gpu))
     checks += package_checks(has_gpu)
     checks.append(system.huggingface_check())
+    checks.append(system.build_locks_check())
     checks.append(probes.deepspeed_check(deepspeed.result(), has_gpu))
     checks.append(probes.ray_check(ray.result()))
     if all_reduce:

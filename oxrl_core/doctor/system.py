@@ -1,4 +1,4 @@
-"""The machine: Python, OS, CPU, memory, disks, /dev/shm, the Hugging Face cache."""
+"""The machine: Python, OS, CPU, memory, disks, /dev/shm, the Hugging Face cache, torch-extension build locks."""
 
 import os
 import platform
@@ -125,3 +125,16 @@ def _nearest_existing(path: Path) -> Path:
 
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
+
+
+def build_locks_check() -> Check:
+    """Torch-extension build locks (training/build_locks.py): a stale one would stop every run that builds its op."""
+    from oxrl_core.training.build_locks import build_locks, extensions_root
+
+    locks = build_locks()
+    stale = [lock for lock in locks if lock.stale]
+    if stale:
+        return Check(name="build locks", status="warn", finding="; ".join(lock.describe() for lock in stale),
+                     fix=f"rm {' '.join(str(lock.path) for lock in stale)}")
+    finding = "; ".join(lock.describe() for lock in locks) if locks else f"none under {extensions_root()}"
+    return Check(name="build locks", status="ok", finding=finding)

@@ -34,6 +34,7 @@ from oxrl_core.rollout.engine import Rollout
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
+from oxrl_core.training.build_locks import wait_for_builds
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.group import TrainGroup
 
@@ -126,6 +127,7 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
                         flatten(config.model_dump(mode="json")), run_id=state.get("mlflow_run_id"))
         run.summary |= {"run_dir": str(run_dir), "steps": config.train.steps, "first_step": run.first_step,
                         "mlflow_run_id": log.run_id, "history": []}
+        wait_for_builds()  # a build lock left on this machine would hold every rank until its hang deadline
         with crash_report(run_dir, config_yaml) as run.position, log, \
                 ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
             run.group, run.pool = start_actors(config, model_path, run_dir / "logs", reservation)

@@ -1,8 +1,9 @@
 """Stopping a run on SIGTERM (what SLURM and Kubernetes send before they kill) and SIGINT (Ctrl-C).
 
 During start-up a signal stops at once: nothing is trained yet that a checkpoint could keep. Once the steps run,
-the first signal lets the current step finish; the loop then writes a checkpoint and raises `Stopped`. A second
-signal raises at once. On the way out the loops' context managers shut DeepSpeed, vLLM and Ray down.
+the first signal lets the current step finish; the loop then writes a checkpoint and raises `Stopped`. A Ctrl-C
+after it raises at once; SIGTERM again changes nothing (schedulers send it more than once, and their SIGKILL ends a
+run that overstays). On the way out the loops' context managers shut DeepSpeed, vLLM and Ray down.
 """
 
 import signal
@@ -35,6 +36,8 @@ class StopSignals:
 
     def handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self.steps_running and self.received == signum == signal.SIGTERM:
+            return  # sent again: Slurm signals a job's processes more than once, and a job script may pass it on too
         if not self.steps_running or self.received is not None:
             self.received = signum
             self.stopped_by = f"stopped by {name} during start-up" if not self.steps_running else \
@@ -42,7 +45,7 @@ class StopSignals:
             # KeyboardInterrupt, not Stopped: Ray's waits (ray.get) pass on only that one from a signal handler
             raise KeyboardInterrupt
         self.received = signum
-        self.console.print(f"{name}: finishing this step, then a checkpoint and exit ({name} again aborts at once)",
+        self.console.print(f"{name}: finishing this step, then a checkpoint and exit (Ctrl-C again aborts at once)",
                            highlight=False, soft_wrap=True)
 
     def stop(self, step: int) -> "Stopped":

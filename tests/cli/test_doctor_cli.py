@@ -1,6 +1,8 @@
 """`oxrl doctor` through the console script, with the real checks on this machine."""
 
 import json
+import os
+import time
 
 import jsonschema
 import pytest
@@ -68,3 +70,20 @@ def test_smoke_runs_one_rl_step_through_the_real_stack(oxrl):
     checks = checks_of(report_of(result))
     assert checks["rl step"]["status"] == "ok", checks["rl step"]
     assert "policy version 1" in checks["rl step"]["finding"]
+
+
+def test_a_stale_build_lock_makes_the_doctor_warn_and_a_run_stop_at_once_naming_it(oxrl, tmp_path):
+    """A run killed while DeepSpeed compiled an op left its lock: runs would wait on it until their hang deadline."""
+    lock = tmp_path / "ext" / "py311_cpu" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    check = checks_of(report_of(oxrl("doctor", "--json", env=env)))["build locks"]
+    assert check["status"] == "warn" and "1.0 h old" in check["finding"] and check["fix"] == f"rm {lock}", check
+    start = time.monotonic()
+    run = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={tmp_path}", env=env)
+    assert time.monotonic() - start < 60
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == (
+        f"error: {lock}: a build lock left by an interrupted build (1.0 h old, held by no process); every run that "
+        f"builds this op waits on it. Clear it: rm {lock}"), run.stderr[-2000:]

@@ -13,7 +13,9 @@
 # * The node is named after `hostname -s`, addressed as 127.0.0.1, has
 #   CPUs=$(nproc) and RealMemory=8000 (SlurmdParameters=config_overrides, so the
 #   node is never drained for reporting less memory/CPUs than configured).
-# * One partition "debug" (Default=YES, MaxTime=INFINITE).
+# * Partition "debug" (Default=YES, MaxTime=INFINITE, PriorityTier=1) and
+#   partition "urgent" (PriorityTier=2): a job in "urgent" that needs CPUs held
+#   by "debug" jobs preempts (cancels) them (PreemptType=preempt/partition_prio).
 # * ProctrackType=proctrack/linuxproc + TaskPlugin=task/none: no cgroup access
 #   needed, so it works in Docker/CI containers with a read-only or cgroup-v2
 #   /sys/fs/cgroup and without systemd.
@@ -26,9 +28,19 @@
 # free (or already ours), so plain `sbatch`/`squeue` work.  Otherwise use
 #   export SLURM_CONF=STATE_DIR/slurm.conf
 #
-# Tunables (environment): OXRL_SLURM_KILL_WAIT (30), OXRL_SLURM_REAL_MEMORY (8000),
-# OXRL_SLURM_CPUS ($(nproc)), OXRL_SLURM_CTLD_PORT (6817), OXRL_SLURM_SLURMD_PORT
-# (6818), OXRL_SLURM_TIMEOUT (60), OXRL_SLURM_DEBUG (slurmd log level, "debug").
+# Tunables (environment, defaults in brackets):
+#   OXRL_SLURM_KILL_WAIT [30]       KillWait: seconds between SIGTERM and SIGKILL
+#   OXRL_SLURM_GRACE_TIME [0]       GraceTime of partition "debug" on preemption
+#   OXRL_SLURM_AUTH [munge]         munge | none (none: no munged needed, but anyone
+#                                   reaching ports 6817/6818 can act as any user)
+#   OXRL_SLURM_PROCTRACK [linuxproc] linuxproc | cgroup (cgroup needs a writable
+#                                   cgroup tree; kills re-parented leftovers)
+#   OXRL_SLURM_REAL_MEMORY [8000]   OXRL_SLURM_CPUS [$(nproc)]
+#   OXRL_SLURM_CTLD_PORT [6817]     OXRL_SLURM_SLURMD_PORT [6818]
+#   OXRL_SLURM_TIMEOUT [60]         OXRL_SLURM_DEBUG [debug] (slurmd log level)
+#   OXRL_SLURM_AUTO_INSTALL [0]     1: apt-get install the packages if missing
+# Changing a tunable and re-running restarts the daemons (stop_cluster.sh, which
+# cancels running jobs).
 set -euo pipefail
 
 DIR="${1:-/tmp/oxrl-slurm}"
@@ -37,12 +49,17 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MARKER="# oxrl-slurm test cluster"
 
 KILL_WAIT="${OXRL_SLURM_KILL_WAIT:-30}"
+GRACE_TIME="${OXRL_SLURM_GRACE_TIME:-0}"
 REAL_MEMORY="${OXRL_SLURM_REAL_MEMORY:-8000}"
 CPUS="${OXRL_SLURM_CPUS:-$(nproc)}"
 CTLD_PORT="${OXRL_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${OXRL_SLURM_SLURMD_PORT:-6818}"
 TIMEOUT="${OXRL_SLURM_TIMEOUT:-60}"
 SLURMD_DEBUG="${OXRL_SLURM_DEBUG:-debug}"
+AUTH="${OXRL_SLURM_AUTH:-munge}"                 # munge | none
+case "$AUTH" in munge | none) ;; *) echo "OXRL_SLURM_AUTH must be munge or none" >&2; exit 1 ;; esac
+PROCTRACK="${OXRL_SLURM_PROCTRACK:-linuxproc}"   # linuxproc | cgroup
+case "$PROCTRACK" in linuxproc | cgroup) ;; *) echo "OXRL_SLURM_PROCTRACK must be linuxproc or cgroup" >&2; exit 1 ;; esac
 
 log() { echo "[start_cluster] $*" >&2; }
 die() { echo "[start_cluster] ERROR: $*" >&2; exit 1; }
@@ -86,8 +103,8 @@ SlurmctldPort=${CTLD_PORT}
 SlurmdPort=${SLURMD_PORT}
 SlurmUser=root
 SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
+AuthType=auth/${AUTH}
+CredType=cred/${AUTH}
 MpiDefault=none
 MailProg=/bin/true
 
@@ -100,8 +117,9 @@ SlurmdLogFile=${DIR}/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=${SLURMD_DEBUG}
 
-# No cgroups: track job processes through /proc parent links.
-ProctrackType=proctrack/linuxproc
+# linuxproc (default): no cgroups, job processes are tracked through /proc
+# parent links (a process re-parented to init escapes the job).
+ProctrackType=proctrack/${PROCTRACK}
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -122,7 +140,13 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${REAL_MEMORY} State=UNKNOWN
-PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP
+# Real preemption: a job in "urgent" (higher PriorityTier) that needs the CPUs of
+# running "debug" jobs cancels them (SIGCONT+SIGTERM, SIGKILL after KillWait;
+# with GraceTime>0 only srun steps get SIGTERM first, see README notes).
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=${GRACE_TIME}
+PartitionName=urgent Nodes=${HOST} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
 
 # ---------------------------------------------------------------- helpers
@@ -130,7 +154,7 @@ EOF
 live_pid() {  # $1 pidfile, $2 process name
     local pf="$1" name="$2" pid
     [[ -s "$pf" ]] || return 1
-    pid="$(tr -dc '0-9' <"$pf")"
+    pid="$(tr -dc '0-9' 2>/dev/null <"$pf")"
     [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
     [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name"* ]] || return 1
     echo "$pid"
@@ -147,6 +171,16 @@ show_logs() {
     done
 }
 
+# ---------------------------------------------------------------- one cluster at a time
+ETC_CONF=/etc/slurm/slurm.conf
+if [[ -L "$ETC_CONF" ]]; then
+    other="$(dirname "$(readlink "$ETC_CONF")")"
+    if [[ "$other" != "$DIR" ]] && live_pid "$other/slurmctld.pid" slurmctld >/dev/null; then
+        rm -f "$NEW_CONF"
+        die "another test cluster is running from $other; stop it first: $HERE/stop_cluster.sh $other"
+    fi
+fi
+
 # ---------------------------------------------------------------- config change => restart
 if [[ -f "$CONF" ]] && ! cmp -s "$CONF" "$NEW_CONF"; then
     if live_pid "$DIR/slurmctld.pid" slurmctld >/dev/null || live_pid "$DIR/slurmd.pid" slurmd >/dev/null; then
@@ -156,9 +190,23 @@ if [[ -f "$CONF" ]] && ! cmp -s "$CONF" "$NEW_CONF"; then
 fi
 mv -f "$NEW_CONF" "$CONF"
 chmod 644 "$CONF"
+if [[ "$PROCTRACK" == cgroup ]]; then
+    # Only process tracking, no resource constraints.  Needs a writable cgroup
+    # hierarchy (v1 freezer, or v2 without systemd: IgnoreSystemd=yes).
+    cat >"$DIR/cgroup.conf" <<EOF2
+$MARKER
+CgroupPlugin=autodetect
+IgnoreSystemd=yes
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainSwapSpace=no
+ConstrainDevices=no
+EOF2
+else
+    rm -f "$DIR/cgroup.conf"
+fi
 
 # Let plain client commands find the config.
-ETC_CONF=/etc/slurm/slurm.conf
 mkdir -p /etc/slurm
 if [[ -L "$ETC_CONF" || ! -e "$ETC_CONF" ]] || grep -q "^$MARKER" "$ETC_CONF" 2>/dev/null; then
     ln -sfn "$CONF" "$ETC_CONF"
@@ -168,7 +216,7 @@ fi
 export SLURM_CONF="$CONF"
 
 # ---------------------------------------------------------------- munge
-if ! munge_ok; then
+if [[ "$AUTH" == munge ]] && ! munge_ok; then
     if [[ ! -s /etc/munge/munge.key ]]; then
         log "creating /etc/munge/munge.key"
         mkdir -p /etc/munge
@@ -211,6 +259,11 @@ deadline=$((SECONDS + TIMEOUT))
 resumed=0
 state=""
 while ((SECONDS < deadline)); do
+    # Fail fast when a daemon died (bad config, port in use, ...).
+    for d in slurmctld slurmd; do
+        live_pid "$DIR/$d.pid" "$d" >/dev/null || { sleep 1; live_pid "$DIR/$d.pid" "$d" >/dev/null; } ||
+            { show_logs; die "$d is not running (see $DIR/$d.log above)"; }
+    done
     state="$(sinfo -h -N -n "$HOST" -o '%T' 2>/dev/null | head -n1 || true)"
     case "$state" in
         idle | mixed | allocated | completing)

@@ -32,7 +32,7 @@ log() { echo "[stop_cluster] $*" >&2; }
 live_pid() {  # $1 pidfile, $2 process name
     local pf="$1" name="$2" pid
     [[ -s "$pf" ]] || return 1
-    pid="$(tr -dc '0-9' <"$pf")"
+    pid="$(tr -dc '0-9' 2>/dev/null <"$pf")"
     [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
     [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name"* ]] || return 1
     echo "$pid"
@@ -46,7 +46,6 @@ if [[ -f "$CONF" ]]; then
 fi
 
 ctld_pid="$(live_pid "$DIR/slurmctld.pid" slurmctld || true)"
-slurmd_pid="$(live_pid "$DIR/slurmd.pid" slurmd || true)"
 
 if [[ -n "$ctld_pid" && -f "$CONF" ]]; then
     jobs="$(squeue -h -o '%A' 2>/dev/null | tr '\n' ' ')"

@@ -29,6 +29,14 @@ def test_the_first_signal_during_the_steps_only_asks_the_loop_to_stop_after_its_
     assert "finishing this step, then a checkpoint" in (tmp_path / "out").read_text()
 
 
+def test_sigterm_again_changes_nothing_as_schedulers_send_it_more_than_once(tmp_path):
+    with stop_on_signals(tmp_path, Console(quiet=True)) as signals:
+        signals.steps_running = True
+        for _ in range(3):
+            signal.raise_signal(signal.SIGTERM)
+        assert signals.received == signal.SIGTERM and not signals.stopped_by
+
+
 def test_a_second_signal_aborts_at_once(tmp_path):
     with pytest.raises(Stopped, match="aborted by a second SIGINT") as stopped:
         with stop_on_signals(tmp_path, Console(quiet=True)) as signals:
