@@ -150,15 +150,8 @@ PartitionName=urgent Nodes=${HOST} MaxTime=INFINITE State=UP PriorityTier=2 Pree
 EOF
 
 # ---------------------------------------------------------------- helpers
-# pid from a pidfile if that process is alive and is the expected program.
-live_pid() {  # $1 pidfile, $2 process name
-    local pf="$1" name="$2" pid
-    [[ -s "$pf" ]] || return 1
-    pid="$(tr -dc '0-9' 2>/dev/null <"$pf")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name"* ]] || return 1
-    echo "$pid"
-}
+# shellcheck source=tests/slurm/live_pid.sh
+source "$(dirname "${BASH_SOURCE[0]}")/live_pid.sh"
 
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 

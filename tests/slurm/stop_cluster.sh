@@ -29,14 +29,8 @@ log() { echo "[stop_cluster] $*" >&2; }
 
 [[ $(id -u) -eq 0 ]] || { log "ERROR: must run as root"; exit 1; }
 
-live_pid() {  # $1 pidfile, $2 process name
-    local pf="$1" name="$2" pid
-    [[ -s "$pf" ]] || return 1
-    pid="$(tr -dc '0-9' 2>/dev/null <"$pf")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name"* ]] || return 1
-    echo "$pid"
-}
+# shellcheck source=tests/slurm/live_pid.sh
+source "$(dirname "${BASH_SOURCE[0]}")/live_pid.sh"
 
 kill_wait=30
 if [[ -f "$CONF" ]]; then
