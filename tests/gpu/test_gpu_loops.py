@@ -187,6 +187,29 @@ def test_a_split_run_whose_engine_stops_before_the_nccl_weight_broadcast_ends_na
     assert [h["step"] for h in history(run)] == [2, 3]
 
 
+@pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it
+def test_sigterm_to_every_process_of_a_colocated_run_saves_the_step_it_reached_and_resumes(
+        tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
+    """The CPU suite's job-wide SIGTERM (tests/integration/test_rl.py) on a GPU, as Slurm preempts a job: the rank,
+    the vLLM engine on its GPU and Ray's daemons get SIGTERM with the driver, mid-step 1, and wait for the driver,
+    which finishes the step, saves it and shuts them down; the run resumes."""
+    run, pause = tmp_path / "job", tmp_path / "pause"
+    args = rl("cispo", tiny_model_dir, tmp_path, "job", "run.train_ranks=1", "train.micro_batch_size=16",
+              "reward.func=rl_test_rewards:digit_share_pausing_once")
+    stopped = oxrl_signalled(args, lambda stdout: pause.exists(), signal.SIGTERM, "job", after_signal=pause.unlink,
+                             env=TEST_REWARD | {"PAUSE_FILE": str(pause)})
+    print("job-wide SIGTERM on a GPU:", round(stopped.seconds_to_exit, 1), "s to exit")
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM after step 1; to continue: ")
+    assert (run / "ds" / "latest").read_text() == "step-1" and not list(run.glob(".partial-*"))
+    # the CUDA driver's own per-process files (cuda.shm.<uid>.<pid>.<n>) stay, as after any CUDA process
+    assert stopped.leftover_processes == [], stopped.leftover_processes
+    assert [name for name in stopped.leftover_shm if not name.startswith("cuda.shm.")] == []
+    resumed = oxrl(*args, "--resume", env=TEST_REWARD)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [h["step"] for h in history(run)] == [2, 3]
+
+
 def test_online_dpo_samples_with_vllm_in_the_sl_loop_on_one_gpu(tmp_path, tiny_model_dir, oxrl):
     result = oxrl(*sl("online-dpo", tiny_model_dir, tmp_path, "odpo", "train.steps=3", "data.val=null",
                       "reward.func=rl_test_rewards:digit_share"), env=TEST_REWARD)
