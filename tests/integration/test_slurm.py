@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_ray_cluster]  # the jobs start their own clusters
+# The jobs start their own clusters. Long lane (about 5 minutes: three jobs, each starting a run): the signal path it
+# takes, SIGTERM to every process of a run, runs in the whole suite (test_rl.py, test_sft.py, their job-wide tests).
+pytestmark = [pytest.mark.integration, pytest.mark.own_ray_cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "examples" / "slurm" / "one_node.sbatch"
 
