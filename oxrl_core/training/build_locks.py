@@ -48,14 +48,15 @@ def build_locks(root: Path | None = None) -> list[BuildLock]:
     paths = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
     if not paths:
         return []
-    open_files = _open_files()
+    holders = _holders({os.path.realpath(path) for path in paths})
     now, locks = time.time(), []
     for path in paths:
         try:
-            changed = max(p.stat().st_mtime for p in [path, *path.parent.iterdir()])
+            changed = path.stat().st_mtime
         except FileNotFoundError:  # released meanwhile
             continue
-        locks.append(BuildLock(path, now - changed, tuple(sorted(open_files.get(os.path.realpath(path), ())))))
+        changed = max([changed, *(_mtime(p) for p in path.parent.iterdir())])
+        locks.append(BuildLock(path, now - changed, tuple(sorted(holders.get(os.path.realpath(path), ())))))
     return locks
 
 
@@ -69,16 +70,25 @@ def wait_for_builds(root: Path | None = None) -> None:
         time.sleep(POLL_S)
 
 
-def _open_files() -> dict[str, set[int]]:
-    """Path -> the processes of this machine that have it open (those this user may inspect)."""
+def _holders(paths: set[str]) -> dict[str, set[int]]:
+    """Each of `paths` -> the processes of this machine that have it open (those this user may inspect)."""
     holders: dict[str, set[int]] = {}
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
             for fd in fd_dir.iterdir():
-                holders.setdefault(os.readlink(fd), set()).add(int(fd_dir.parent.name))
+                if (target := os.readlink(fd)) in paths:
+                    holders.setdefault(target, set()).add(int(fd_dir.parent.name))
         except OSError:  # gone meanwhile, or not ours
             continue
     return holders
+
+
+def _mtime(path: Path) -> float:
+    """When `path` last changed; 0 for a file a running build removed meanwhile (its temporary files)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _duration(seconds: float) -> str:
