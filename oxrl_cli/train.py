@@ -10,7 +10,8 @@ from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
 
 train_app = typer.Typer(help="Train a model: supervised/preference (sl) or reinforcement learning (rl).", no_args_is_help=True)
 
-CONFIG = typer.Option(None, "--config", "-c", help="YAML config file (see the README's config reference).")
+CONFIG = typer.Option(None, "--config", "-c",
+                      help="YAML config file (every key: docs/reference/config.md); without one, the overrides alone are the config.")
 OVERRIDES = typer.Argument(None, help="Dotted overrides applied after the file, e.g. train.lr=2e-5 train.steps=10.", show_default=False)
 DRY_RUN = typer.Option(False, "--dry-run", help="Validate, print the resolved config as YAML and exit.")
 

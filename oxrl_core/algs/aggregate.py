@@ -1,5 +1,5 @@
 """What the clipped policy losses share: PPO's clipped surrogate, and turning per-token losses into one number,
-explicitly (ARCHITECTURE.md, "Conventions").
+explicitly (docs/design/architecture.md, conventions).
 
 The normalisers count the *global* batch (all micro-batches and ranks), so
 summing this over micro-batches gives the loss of the whole batch at once.

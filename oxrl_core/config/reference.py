@@ -1,6 +1,6 @@
-"""The README's config reference, generated from the pydantic models.
+"""The config reference (docs/reference/config.md), generated from the pydantic models.
 
-    python -m oxrl_core.config.reference README.md   # rewrite the block between the markers
+    python -m oxrl_core.config.reference docs/reference/config.md   # rewrite the block between the markers
 """
 
 import json
@@ -25,7 +25,7 @@ def reference_markdown() -> str:
         variants = [("sl", SLConfig.model_fields[section].annotation), ("rl", field.annotation)] if section == "train" else [(None, field.annotation)]
         for kind, model in variants:
             where = f" ({kind} runs)" if kind else ("" if section in sl_sections else " (rl runs)")
-            lines += [f"#### `{section}`{where}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+            lines += [f"## `{section}`{where}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
             lines += _rows(section, model)
             lines.append("")
     return "\n".join(lines)
@@ -65,11 +65,11 @@ def _default(field) -> str:
     return f"`{json.dumps(field.default)}`"
 
 
-def rewrite(readme: Path) -> None:
-    text = readme.read_text()
+def rewrite(page: Path) -> None:
+    text = page.read_text()
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
-    readme.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
+    page.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def open_run_folder(config, resume: bool) -> tuple[Path, Path, dict, str]:
 
     A run folder holding a checkpoint is only ever continued (`--resume`), never overwritten.
     """
-    run_dir = config.run.output_dir / config.run.name
+    run_dir = (config.run.output_dir / config.run.name).absolute()  # the actors' working folder may be another
     ds_dir = run_dir / "ds"
     state = resume_state(ds_dir) if resume else refuse_overwrite(ds_dir)
     config_yaml = dump_config(config)

@@ -12,7 +12,8 @@ def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     """A loadable folder or hub id for `model.name_or_path` (or the setting `key` names), or one clear error.
 
     The tiny models (TINY_MODELS: `oxrl-tiny`, `oxrl-tiny-vl`, ...) are built locally on first use; a local folder must hold a
-    config.json; anything else is tried as a hub id (cache first, the Hub when online).
+    config.json and resolves to its absolute path (the actors' working folder may be another, as on a joined Ray
+    cluster); anything else is tried as a hub id (cache first, the Hub when online).
     """
     if name_or_path in TINY_MODELS:
         return str(resolve_tiny_model(name_or_path))
@@ -20,7 +21,7 @@ def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise OxrlError(f"{key}={name_or_path!r}: folder has no config.json; expected a Hugging Face model folder")
-        return str(path)
+        return str(path.resolve())
     if path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
         raise OxrlError(f"{key}={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}")
     from transformers import AutoConfig

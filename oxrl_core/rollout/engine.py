@@ -31,7 +31,7 @@ PLACEHOLDER_IDS = ("image_token_id", "video_token_id", "audio_token_index")  # w
 
 @dataclass
 class Rollout:
-    """One sampled completion: enough to replay a training step (ARCHITECTURE.md, "Conventions")."""
+    """One sampled completion: enough to replay a training step (docs/design/architecture.md, conventions)."""
 
     group: int  # index of the prompt in this step's batch
     prompt_ids: list[int]

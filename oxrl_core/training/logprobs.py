@@ -1,4 +1,4 @@
-"""Per-token log-probabilities and entropies, prediction-aligned (ARCHITECTURE.md, "Conventions").
+"""Per-token log-probabilities and entropies, prediction-aligned (docs/design/architecture.md, conventions).
 
 No [B, T, V] float32 tensor ever exists: with a 150k vocabulary that tensor alone is
 3 GB for 8 x 640 tokens. On CUDA two Triton kernels stream each row of the logits

@@ -1,25 +1,35 @@
-"""The README stays true: its config reference is current and its commands exist."""
+"""The pages stay true: every link resolves, every example a page shows runs, parses or says why it cannot here,
+the generated references are current, and user pages read as documentation, not as a log."""
 
+import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.main import get_command
 
+from doc_pages import DOCS, PAGES, QUICKSTART, REPO, blocks, commands, pages_but_quickstart
 from oxrl_core.config.reference import END, START, reference_markdown
 
-REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+CONFIG_SECTIONS = {"model", "lora", "data", "train", "rollout", "reward", "deepspeed", "run"}
+GENERATED = {DOCS / "reference" / "config.md", DOCS / "reference" / "cli.md"}
 
 
-def test_config_reference_in_readme_is_generated_from_the_schema():
-    block = README.split(START)[1].split(END)[0].strip()
-    assert block == reference_markdown().strip(), "stale: run python -m oxrl_core.config.reference README.md"
+def test_config_reference_is_generated_from_the_schema():
+    page = (DOCS / "reference" / "config.md").read_text()
+    block = page.split(START)[1].split(END)[0].strip()
+    assert block == reference_markdown().strip(), "stale: run python -m oxrl_core.config.reference docs/reference/config.md"
 
 
 def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite():
     first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
-    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
-    assert commands == ["make demo", "make test"]
+    commands_ = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands_ == ["make demo", "make test"]
     makefile = (REPO / "Makefile").read_text()
     assert "\ndemo: install\n\t.venv/bin/oxrl demo\n" in makefile and "\ntest: install\n" in makefile
     assert "\ntest-all: install\n" in makefile and "`make test-all`" in README
@@ -27,23 +37,158 @@ def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite()
     assert ci == ["make test-all"]
 
 
-def test_readme_train_commands_validate(tmp_path, monkeypatch):
-    """Every `oxrl train ...` line of the README parses and validates (dry run), through the CLI app in this process:
-    the console script's start-up is tested elsewhere and costs seconds per line."""
+def _quickstart_lines() -> set[str]:
+    return {c.text for c in commands(pages=[QUICKSTART])}
+
+
+def test_every_train_command_of_the_docs_validates(tmp_path, monkeypatch):
+    """Every `oxrl train ...` line of every page parses and validates (dry run), through the CLI app in this process
+    (the console script's start-up is tested elsewhere and costs seconds per line). The quick start's lines build on
+    each other's outputs: tests/integration/test_quickstart.py runs them for real, wherever a page repeats them."""
     from typer.testing import CliRunner
 
     from oxrl_cli.main import app
 
     monkeypatch.chdir(REPO)
-    lines = [line.split("  #")[0].strip() for line in README.splitlines() if line.strip().startswith("oxrl train ")]
-    assert len(lines) >= 5
+    lines = [c for c in commands("oxrl train ") if c.text not in _quickstart_lines() and not c.marker]
+    assert len(lines) >= 10
     for line in lines:
-        args = line.split()[1:]
+        args = shlex.split(line.text)[1:]
         if "--resume" in args:
             args.remove("--resume")  # resuming needs a run; its validation is the same
         result = CliRunner().invoke(app, [*args, "--dry-run", f"run.output_dir={tmp_path}"])
-        assert result.exit_code == 0 and result.exception is None, (line, result.output, result.exception)
+        assert result.exit_code == 0 and result.exception is None, (line.where, result.output, result.exception)
         assert "train:" in result.output  # the resolved config was printed
+
+
+def _parse_error(argv: list[str]) -> str | None:
+    """Parse a command line as the `oxrl` app would, sub-command by sub-command, without running it: the message of
+    an unknown option, a missing argument or a bad choice, else None. (Typer carries its own copy of click, so its
+    classes are recognised by what they do.)"""
+    from oxrl_cli.main import app
+
+    command, name, parent = get_command(app), "oxrl", None
+    while True:
+        try:
+            ctx = command.make_context(name, argv, parent=parent)
+        except Exception as e:
+            if type(e).__name__ == "Exit":  # --help, --version
+                return None
+            if hasattr(e, "format_message"):
+                return e.format_message()
+            raise
+        if not hasattr(command, "resolve_command"):
+            return None
+        name, command, argv = command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+        parent = ctx
+
+
+def test_the_command_line_parser_check_refuses_what_the_cli_refuses():
+    assert _parse_error(["doctor", "--json"]) is None and _parse_error(["--version"]) is None
+    assert "--bogus" in _parse_error(["doctor", "--bogus"])
+    assert "ADAPTER" in _parse_error(["merge-lora", "--out", "merged"]).upper()
+
+
+def _makefile_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
+
+
+def test_every_command_a_page_shows_runs_or_parses_in_the_suite_or_says_why_not():
+    """`oxrl train` lines validate (above), `oxrl preprocess` and `oxrl eval` lines run (their CLI tests), the quick
+    start runs (its integration test); every other `oxrl` line must parse, every `make` target exist, and anything
+    else carry a marker saying what it needs."""
+    quickstart, targets, unexplained = _quickstart_lines(), _makefile_targets(), []
+    for line in commands():
+        words = shlex.split(line.text)
+        if line.marker or line.text in quickstart or line.text == "source .venv/bin/activate":
+            continue
+        if words[0] == "make":
+            assert words[1] in targets, (line.where, f"no Makefile target {words[1]}")
+        elif words[0] == "oxrl" and words[1] not in ("train", "preprocess", "eval"):
+            assert (error := _parse_error(words[1:])) is None, f"{line.where}: {line.text}: {error}"
+        elif words[0] != "oxrl":
+            unexplained.append(f"{line.where}: {line.text}")
+    assert not unexplained, "run in the suite, or end with a marker (# needs a GPU, ...):\n" + "\n".join(unexplained)
+
+
+def test_every_json_line_and_config_fragment_a_page_shows_parses():
+    for block in blocks("json"):
+        for offset, line in enumerate(block.text.splitlines(), start=1):
+            if block.text.lstrip().startswith("{\n"):  # one pretty-printed object
+                json.loads(block.text)
+                break
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                raise AssertionError(f"{block.where}+{offset}: {e}") from None
+    for block in blocks("yaml"):
+        fragment = yaml.safe_load(block.text)
+        assert isinstance(fragment, dict) and set(fragment) <= CONFIG_SECTIONS, (block.where, sorted(fragment))
+
+
+def test_every_python_snippet_a_page_shows_runs(tmp_path):
+    """Each runs as written from the repository root; the Python API's, which trains, runs in
+    tests/integration/test_api.py."""
+    snippets = [b for b in blocks("python") if "Trainer(" not in b.text]
+    assert snippets
+    for block in snippets:
+        result = subprocess.run([sys.executable, "-c", block.text], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (block.where, result.stderr[-2000:])
+
+
+ANCHOR_PUNCTUATION = re.compile(r"[^\w\- ]")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    seen, anchors = {}, set()
+    text = FENCE_BLOCKS.sub("", page.read_text())
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = ANCHOR_PUNCTUATION.sub("", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+FENCE_BLOCKS = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_and_anchor_of_the_pages_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(FENCE_BLOCKS.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such file")
+            elif anchor and (file.suffix != ".md" or anchor not in _anchors(file)):
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such heading")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_stays_a_page_and_no_docs_page_is_a_book():
+    assert len(README.splitlines()) <= 200
+    long_pages = [f"{p.relative_to(REPO)}: {n}" for p in DOCS.rglob("*.md") if p not in GENERATED
+                  and (n := len(p.read_text().splitlines())) > 400]
+    assert not long_pages
+
+
+USER_PAGES = [p for p in PAGES if p.name != "CONTRIBUTING.md" and DOCS / "design" not in p.parents]
+LOG_WORDS = re.compile(r"\bsessions?\b|\bissue #?\d+|\bcommit\b|\bthis machine\b|\buntil verified here\b", re.I)
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def test_user_pages_name_no_test_file_session_commit_or_file_outside_the_repository():
+    found = []
+    for page in USER_PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), start=1):
+            for pattern in (r"\btests/", r"\.\./shared", LOG_WORDS, COMMIT_HASH):
+                if match := re.search(pattern, line):
+                    found.append(f"{page.relative_to(REPO)}:{number}: {match.group(0)!r}")
+    assert not found, "\n".join(found)
 
 
 def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_data(tmp_path, tiny_model_dir, monkeypatch):

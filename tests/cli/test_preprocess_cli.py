@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+import doc_pages
+
 REPO = Path(__file__).resolve().parents[2]
 OXRL = Path(sys.executable).parent / "oxrl"
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}  # COLUMNS: rich wraps to the terminal
@@ -89,16 +91,18 @@ def test_a_folder_of_data_files_loads_through_datasets(oxrl, tmp_path):
     assert manifest["counts"] == {"read": 2, "written": 1, "dropped": 1} and manifest["dropped"][0]["row"] == 2
 
 
-def test_every_preprocess_command_of_the_readme_runs(tmp_path):
-    commands = [line.strip() for line in (REPO / "README.md").read_text().splitlines() if line.startswith("oxrl preprocess ")]
-    assert len(commands) >= 4
+def test_every_preprocess_command_the_pages_show_runs(tmp_path):
+    """The quick start's, which build on each other, run in its integration test."""
+    commands = sorted({c.text for c in doc_pages.commands("oxrl preprocess ", doc_pages.pages_but_quickstart())})
+    assert len(commands) >= 3
     write_jsonl(tmp_path / "gsm8k_train.jsonl", GSM8K)
     write_jsonl(tmp_path / "prefs.jsonl", PREFERENCE)
     (tmp_path / "my_data.csv").write_text("question,label\nWhat is 1+1?,2\n")
-    for command in commands:  # from the folder that holds the README's example files
+    for command in commands:  # from a folder that holds the files the pages name
         result = subprocess.run([str(OXRL), *command.split()[1:]], capture_output=True, text=True, cwd=tmp_path,
                                 env={**os.environ, **OFFLINE}, timeout=300)
         assert result.returncode == 0, (command, result.stderr)
-    assert (tmp_path / "data" / "prefs" / "val.parquet").is_file()
+        args = command.split()
+        split = args[args.index("--split") + 1] if "--split" in args else "train"
+        assert (tmp_path / args[args.index("--out") + 1] / f"{split}.parquet").is_file(), command
     assert pq.read_table(tmp_path / "data" / "mine" / "train.parquet").to_pylist() == [{"prompt": "What is 1+1?", "answer": "2"}]
-    assert pq.read_table(tmp_path / "data" / "arithmetic" / "train.parquet").num_rows == 512

@@ -1,4 +1,4 @@
-"""The Python API: the README's snippet runs as written, and mistakes are refused before anything starts."""
+"""The Python API: its page's snippet runs as written, and mistakes are refused before anything starts."""
 
 import os
 import re
@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import doc_pages
+
 from oxrl_core import Trainer
 from oxrl_core.errors import OxrlError
 
@@ -17,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration
 @pytest.mark.slow  # the Python API calls the train() every CLI run takes
-def test_readme_python_snippet_trains_sft_then_rl(tmp_path, tiny_model_dir):
-    snippet = re.search(r"### From Python.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+def test_the_python_api_pages_snippet_trains_sft_then_rl(tmp_path, tiny_model_dir):
+    [snippet] = [b.text for b in doc_pages.blocks("python") if "Trainer(" in b.text]
     # `oxrl-tiny` already built, as on any run after the first (the build itself is tested in test_tiny_model.py)
     shutil.copytree(tiny_model_dir, tmp_path / "ck" / "oxrl-tiny")
     result = subprocess.run([sys.executable, "-c", snippet], cwd=REPO, capture_output=True, text=True, timeout=900,

