@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU benchmarks, on a GPU machine where the staged stack is installed
-# (../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see benchmarks/README.md and benchmarks/RESULTS.md).
+# The GPU benchmarks, on a GPU machine with the GPU stack installed (torch, vLLM, DeepSpeed, Ray and the pins of
+# benchmarks/gpu-requirements.txt; see benchmarks/README.md and benchmarks/RESULTS.md).
 # Stages, each made to finish within 10 minutes:
 #   bash benchmarks/h100.sh bench [--shape 7b] [--steps N] [KEY=VALUE ...]  # the RL-step benchmark (benchmarks/rl_step.py)
 #                                                  # with config overrides; BENCH_TIMEOUT_S (default 420) bounds it
-#   bash benchmarks/h100.sh scale N lora|full [KEY=VALUE ...]  # issue 19's curve: `bench` for the 7B shape on N GPUs,
+#   bash benchmarks/h100.sh scale N lora|full [KEY=VALUE ...]  # the scaling curve: `bench` for the 7B shape on N GPUs,
 #                                                  # colocated, 3 steps, no standalone reference; LoRA (ZeRO-1) or full
 #                                                  # weights (ZeRO-2), LoRA with one memory setting for 80 GB GPUs and
 #                                                  # one for H200s (the same setting at every N)

@@ -474,7 +474,7 @@ def main() -> None:
     if reference:  # the standalone engine has one GPU's share of the prompts
         result |= {"rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
                    "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"]}
-    if args.shape == "0.5b" and gpus == 1 and not args.overrides and args.turns == 1:  # issue 16's targets, default config only
+    if args.shape == "0.5b" and gpus == 1 and not args.overrides and args.turns == 1:  # the 0.5B step's targets, default config only
         result["targets_met"] = {
             "training_phase_mfu >= 0.40": result["training_phase_mfu"] >= 0.40,
             "rollout_vs_standalone >= 0.95": result["rollout_vs_standalone"] >= 0.95 if reference else None,

@@ -1,6 +1,6 @@
 """SFT steps on a GPU machine, step by step: a benchmark, never a test.
 
-The SL side of issue 19 beside `rl_step.py`'s RL step: a random-weight model in a Qwen2.5 shape (`--shape`, built as
+The SL side of the scaling benchmarks beside `rl_step.py`'s RL step: a random-weight model in a Qwen2.5 shape (`--shape`, built as
 rl_step.py builds it) trained with SFT through `train` (`oxrl_core.loops.train`), the loop of `oxrl train sl`, on
 `--gpus N` trainer ranks under ZeRO-3 (whose shards are what lets the 32B shape train at all; offload by override).
 The work per GPU is the RL step's trained tokens: PROMPTS x SAMPLES sequences of PROMPT_TOKENS + NEW_TOKENS tokens

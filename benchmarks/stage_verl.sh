@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # verl's packages (benchmarks/verl-requirements.txt) as one part, .gpu/verl/verl.tar (at most 58 MB), for a GPU host
-# without a package index. Run after ../shared/gpu/stage.sh (which empties .gpu/). On the host, in the `run` call that
-# carries [".gpu/verl"]:
+# without a package index. Run after the GPU stack's own parts are staged under .gpu/. On the host, with
+# .gpu/verl copied there:
 #   mkdir -p /tmp/verl-wheels && tar xf .gpu/verl/verl.tar -C /tmp/verl-wheels && python3 -m pip install -q \
 #     --no-index --no-deps --target /tmp/verl-site /tmp/verl-wheels/*.whl
 # then VERL_SITE=/tmp/verl-site bash benchmarks/h100.sh vs-verl [...]

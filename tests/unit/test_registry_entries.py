@@ -11,7 +11,7 @@ from oxrl_core.registry.schema import SHIPPED_DIR, entry_file_name, load_entry, 
 from oxrl_core.registry.scout import HUB_ID, recommend_mode
 
 ENTRY_FILES = sorted(SHIPPED_DIR.glob("*.yaml"))
-# The models the registry promises (issue #7).
+# The models the registry promises.
 PROMISED = {
     "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
     "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-7B-Instruct", "Qwen/Qwen2.5-Math-1.5B-Instruct",
