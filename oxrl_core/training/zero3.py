@@ -26,7 +26,7 @@ def rope_in_float32(model: torch.nn.Module) -> None:
     every floating tensor created in a module's __init__ bf16, RoPE's inverse frequencies too: made there and never
     loaded from a checkpoint, they come out up to 0.6% off (Qwen2.5's: angles off by up to 0.74 rad at position 639).
     Transformers' rotary modules take their config alone; rebuilt here, outside zero.Init, they compute in float32.
-    Known upstream since 2024 (DeepSpeed issue 4932, transformers issue 28596), still so in DeepSpeed 0.19."""
+    Known upstream since 2024 (deepspeedai/DeepSpeed#4932, huggingface/transformers#28596), still so in DeepSpeed 0.19."""
     for module in model.modules():
         if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(module, "config"):
             fresh = type(module)(module.config)

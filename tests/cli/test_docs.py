@@ -177,15 +177,20 @@ def test_the_readme_stays_a_page_and_no_docs_page_is_a_book():
 
 
 USER_PAGES = [p for p in PAGES if p.name != "CONTRIBUTING.md" and DOCS / "design" not in p.parents]
-LOG_WORDS = re.compile(r"\bsessions?\b|\bissue #?\d+|\bcommit\b|\bthis machine\b|\buntil verified here\b", re.I)
+LOG_WORDS = re.compile(r"(?<![.\w])sessions?\b|\bissue #?\d+|\bcommit\b|\bthis machine\b|\buntil verified here\b", re.I)
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
+LOGS = [REPO / "benchmarks" / "RESULTS.md", REPO / "benchmarks" / "README.md"]  # measurements, out of the user's path
+
+
 def test_user_pages_name_no_test_file_session_commit_or_file_outside_the_repository():
+    """The measurement logs may name the test or script that measured; no page names a session, commit or issue."""
     found = []
-    for page in USER_PAGES:
+    for page in USER_PAGES + LOGS:
+        patterns = (r"\.\./shared", LOG_WORDS, COMMIT_HASH) + (() if page in LOGS else (r"\btests/",))
         for number, line in enumerate(page.read_text().splitlines(), start=1):
-            for pattern in (r"\btests/", r"\.\./shared", LOG_WORDS, COMMIT_HASH):
+            for pattern in patterns:
                 if match := re.search(pattern, line):
                     found.append(f"{page.relative_to(REPO)}:{number}: {match.group(0)!r}")
     assert not found, "\n".join(found)
