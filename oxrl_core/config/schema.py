@@ -88,7 +88,7 @@ class RunSection(Section):
     save_final: bool = Field(True, description="Save the weights (`final/`) and a checkpoint when the run ends or a "
                                                "signal stops it; false keeps only what `checkpoint_every` saves "
                                                "(benchmarks, sweeps).")
-    tracking_uri: str | None = Field(None, description="MLflow tracking URI; default `$MLFLOW_TRACKING_URI`, else a local store in the run folder.")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI; default `$MLFLOW_TRACKING_URI`, else a SQLite store beside the run folders (`<output_dir>/mlflow.db`).")
     hang_timeout_s: Annotated[float, Field(ge=0)] = Field(
         300.0, description="A wait on a trainer rank, vLLM engine or judge that runs past its deadline is a hang: the run "
                            "names the stuck actor, writes every actor's Python stacks to stacks.txt and stops (resume from "
