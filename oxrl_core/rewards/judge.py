@@ -12,7 +12,8 @@ Another language model reads each response and scores it; its text is parsed int
 
 A judgment that cannot be read, or a judge prompt longer than the judge's context, scores `reward.on_error` and is
 reported like any reward error. The judge's engine is a vLLM engine of its own in the run's Ray cluster, started
-once with the run (`start`), never refreshed; all of a step's judgments go to it in one batch. If it dies, scoring
+once with the run (`start`), never refreshed; each group's judgments go to it in one batch, as the group's last
+sample ends. If it dies, scoring
 raises `RewardUnavailable`: the loop then stops with a checkpoint to resume from.
 """
 
@@ -113,8 +114,8 @@ def prompt_text(record: dict) -> str:
 
 
 class Judge:
-    """The reward for `reward.func: judge`: `score_batch(responses, samples)` judges a step's responses in one batch
-    on the judge's engine, which `start` launches once the run's Ray cluster is up."""
+    """The reward for `reward.func: judge`: `score_batch(responses, samples)` judges a batch of responses (a group's) at
+    once on the judge's engine, which `start` launches once the run's Ray cluster is up."""
 
     def __init__(self, settings: JudgeSection):
         self.settings, self.template = settings, check_judge(settings)
