@@ -13,8 +13,7 @@ Another language model reads each response and scores it; its text is parsed int
 A judgment that cannot be read, or a judge prompt longer than the judge's context, scores `reward.on_error` and is
 reported like any reward error. The judge's engine is a vLLM engine of its own in the run's Ray cluster, started
 once with the run (`start`), never refreshed; each group's judgments go to it in one batch, as the group's last
-sample ends. If it dies, scoring
-raises `RewardUnavailable`: the loop then stops with a checkpoint to resume from.
+sample ends. If it dies, scoring raises `RewardUnavailable`: the loop then stops with a checkpoint to resume from.
 """
 
 import json
