@@ -41,22 +41,27 @@ def _quickstart_lines() -> set[str]:
     return {c.text for c in commands(pages=[QUICKSTART])}
 
 
-def test_every_train_command_of_the_docs_validates(tmp_path, monkeypatch):
+def test_every_train_command_of_the_docs_validates(tmp_path, tiny_model_dir, monkeypatch):
     """Every `oxrl train ...` line of every page parses and validates (dry run), through the CLI app in this process
-    (the console script's start-up is tested elsewhere and costs seconds per line). The quick start's lines build on
-    each other's outputs: tests/integration/test_quickstart.py runs them for real, wherever a page repeats them."""
+    (the console script's start-up is tested elsewhere and costs seconds per line), from a folder holding the shipped
+    examples and the SFT example's model, which the examples that start from it name (a stand-in: the tiny model).
+    The quick start's lines build on each other's outputs: tests/integration/test_quickstart.py runs them for real,
+    wherever a page repeats them."""
     from typer.testing import CliRunner
 
     from oxrl_cli.main import app
 
-    monkeypatch.chdir(REPO)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "checkpoints" / "sft-tiny").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "sft-tiny" / "final").symlink_to(tiny_model_dir)
+    monkeypatch.chdir(tmp_path)
     lines = [c for c in commands("oxrl train ") if c.text not in _quickstart_lines() and not c.marker]
     assert len(lines) >= 10
     for line in lines:
         args = shlex.split(line.text)[1:]
         if "--resume" in args:
             args.remove("--resume")  # resuming needs a run; its validation is the same
-        result = CliRunner().invoke(app, [*args, "--dry-run", f"run.output_dir={tmp_path}"])
+        result = CliRunner().invoke(app, [*args, "--dry-run", f"run.output_dir={tmp_path / 'runs'}"])
         assert result.exit_code == 0 and result.exception is None, (line.where, result.output, result.exception)
         assert "train:" in result.output  # the resolved config was printed
 
