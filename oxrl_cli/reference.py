@@ -15,6 +15,7 @@ import typer
 from typer.main import get_command
 
 from oxrl_cli.main import app
+from oxrl_core.config.reference import rewrite_between_markers
 from oxrl_core.config.schema import RLConfig, SLConfig
 
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
@@ -141,10 +142,7 @@ def _is_option(p) -> bool:
 
 
 def rewrite(path: Path) -> None:
-    text = path.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    path.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
+    rewrite_between_markers(path, START, END, reference_markdown())
 
 
 if __name__ == "__main__":

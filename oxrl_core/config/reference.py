@@ -65,11 +65,15 @@ def _default(field) -> str:
     return f"`{json.dumps(field.default)}`"
 
 
+def rewrite_between_markers(page: Path, start: str, end: str, block: str) -> None:
+    """Replace what lies between a page's two markers with `block` (the generated references' pages)."""
+    head, _, rest = page.read_text().partition(start)
+    _, _, tail = rest.partition(end)
+    page.write_text(f"{head}{start}\n{block}\n{end}{tail}")
+
+
 def rewrite(page: Path) -> None:
-    text = page.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    page.write_text(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
+    rewrite_between_markers(page, START, END, reference_markdown())
 
 
 if __name__ == "__main__":
