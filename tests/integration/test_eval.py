@@ -7,8 +7,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-
-import doc_pages
 import torch
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
@@ -51,6 +49,8 @@ def pass_at_k_reference(correct: list[int], n: int, k: int) -> float:
 
 
 def test_the_pages_compare_command_reports_pass_at_k_of_its_samples_for_both_models(oxrl, tiny_model_dir, tmp_path):
+    import doc_pages  # here, not above: the run imports this module for its reward, without the tests' folder
+
     # the pages' command, on models and a reward whose pass@k this test can check (the quick start also runs its own)
     lines = sorted({c.text for c in doc_pages.commands("oxrl eval ")})
     assert len(lines) == 1 and "--compare" in lines[0], lines
