@@ -126,9 +126,31 @@ def test_every_json_line_and_config_fragment_a_page_shows_parses():
                 json.loads(line)
             except json.JSONDecodeError as e:
                 raise AssertionError(f"{block.where}+{offset}: {e}") from None
-    for block in blocks("yaml"):
+    from oxrl_core.config.load import validate
+    from oxrl_core.config.schema import RLConfig, SLConfig
+    from oxrl_core.errors import OxrlError
+
+    examples = [(RLConfig, yaml.safe_load((REPO / "examples" / "cispo_tiny.yaml").read_text())),
+                (SLConfig, yaml.safe_load((REPO / "examples" / "sft_tiny.yaml").read_text()))]
+    for block in blocks("yaml"):  # a fragment of a config: set on a shipped example, it validates as an RL or SL run's
         fragment = yaml.safe_load(block.text)
         assert isinstance(fragment, dict) and set(fragment) <= CONFIG_SECTIONS, (block.where, sorted(fragment))
+        errors = []
+        for schema, example in examples:
+            try:
+                validate(schema, _merged(example, fragment))
+                break
+            except OxrlError as e:
+                errors.append(str(e))
+        else:
+            raise AssertionError(f"{block.where}: {errors}")
+
+
+def _merged(config: dict, fragment: dict) -> dict:
+    out = dict(config)
+    for key, value in fragment.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def test_every_python_snippet_a_page_shows_runs(tmp_path):
