@@ -79,9 +79,12 @@ def family_example(family: str, model: Path, alg: str, out: Path, *overrides: st
             f"run.output_dir={out / alg}", f"run.name={alg}", f"model.name_or_path={model}", *overrides]
 
 
-# Qwen3-VL shares the Qwen-VL path of the Qwen2-VL runs above (its own sizes, deepstack and vLLM model aside): it runs
-# in the long lane, 3-4 minutes; the tiny Qwen3-VL is built and onboarded in the whole suite (tests/cli/test_onboard_cli.py)
-@pytest.mark.parametrize("family", [pytest.param("qwen3_vl", marks=pytest.mark.slow), "smolvlm", "audio"])
+# Qwen3-VL and SmolVLM share the image path of the Qwen2-VL runs of the whole suite (their sizes, tiles, deepstack and
+# vLLM models aside): their runs, 3-4 minutes each, are in the long lane; each tiny model is built and onboarded in the
+# whole suite (tests/cli/test_onboard_cli.py) and its processor's tokens are unit-tested (tests/unit/test_media.py).
+# Audio, the one family of its modality, runs in the whole suite.
+@pytest.mark.parametrize("family", [pytest.param("qwen3_vl", marks=pytest.mark.slow),
+                                    pytest.param("smolvlm", marks=pytest.mark.slow), "audio"])
 def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engine_samples_as_the_trainer_scores(
         tmp_path, request, family, oxrl, oxrl_side_by_side):
     """The shipped examples with each family's tiny model through the CLI: Qwen3-VL (32 pixels an image token,
