@@ -6,13 +6,12 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from typer.main import get_command
 
-from doc_pages import DOCS, PAGES, QUICKSTART, REPO, blocks, commands, pages_but_quickstart
+from doc_pages import DOCS, PAGES, REPO, blocks, commands, quickstart_lines
 from oxrl_core.config.reference import END, START, reference_markdown
 
 README = (REPO / "README.md").read_text()
@@ -37,10 +36,6 @@ def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite()
     assert ci == ["make test-all"]
 
 
-def _quickstart_lines() -> set[str]:
-    return {c.text for c in commands(pages=[QUICKSTART])}
-
-
 def test_every_train_command_of_the_docs_validates(tmp_path, tiny_model_dir, monkeypatch):
     """Every `oxrl train ...` line of every page parses and validates (dry run), through the CLI app in this process
     (the console script's start-up is tested elsewhere and costs seconds per line), from a folder holding the shipped
@@ -55,7 +50,7 @@ def test_every_train_command_of_the_docs_validates(tmp_path, tiny_model_dir, mon
     (tmp_path / "checkpoints" / "sft-tiny").mkdir(parents=True)
     (tmp_path / "checkpoints" / "sft-tiny" / "final").symlink_to(tiny_model_dir)
     monkeypatch.chdir(tmp_path)
-    lines = [c for c in commands("oxrl train ") if c.text not in _quickstart_lines() and not c.marker]
+    lines = [c for c in commands("oxrl train ") if c.text not in quickstart_lines() and not c.marker]
     assert len(lines) >= 10
     for line in lines:
         args = shlex.split(line.text)[1:]
@@ -102,7 +97,7 @@ def test_every_command_a_page_shows_runs_or_parses_in_the_suite_or_says_why_not(
     """`oxrl train` lines validate (above), `oxrl preprocess` and `oxrl eval` lines run (their CLI tests), the quick
     start runs (its integration test); every other `oxrl` line must parse, every `make` target exist, and anything
     else carry a marker saying what it needs."""
-    quickstart, targets, unexplained = _quickstart_lines(), _makefile_targets(), []
+    quickstart, targets, unexplained = quickstart_lines(), _makefile_targets(), []
     for line in commands():
         words = shlex.split(line.text)
         if line.marker or line.text in quickstart or line.text == "source .venv/bin/activate":
