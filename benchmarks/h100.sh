@@ -9,8 +9,9 @@
 #                                                  # weights (ZeRO-2), LoRA with one memory setting for 80 GB GPUs and
 #                                                  # one for H200s (the same setting at every N)
 #   bash benchmarks/h100.sh pipelined ROW [--long-tail] [KEY=VALUE ...]  # pipelined RL's rows on 2 GPUs, one a call:
-#                                                  # `bench --gpus 2 --no-standalone --steps 4` as sync-colocated (the
-#                                                  # default), sync-split, lag1, async1 or async2 (split: 1 rank + 1 engine)
+#                                                  # `bench --gpus 2 --no-standalone` (4 steps; asynchronously 1 + s + 3)
+#                                                  # as sync-colocated (the default), sync-split, lag1, async1 or async2
+#                                                  # (split: 1 rank + 1 engine); BENCH_TIMEOUT_S=560 for the long tail
 #   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
@@ -58,12 +59,12 @@ if [ "$stage" = pipelined ]; then
     sync-colocated) set -- "$@" ;;
     sync-split) set -- "$@" $split ;;
     lag1) set -- "$@" $split rollout.lag=1 ;;
-    async1) set -- "$@" $split rollout.max_staleness=1 ;;
-    async2) set -- "$@" $split rollout.max_staleness=2 ;;
+    async1) set -- --steps 5 "$@" $split rollout.max_staleness=1 ;;  # 3 steps measured after the first 1 + s
+    async2) set -- --steps 6 "$@" $split rollout.max_staleness=2 ;;
     *) echo "pipelined sync-colocated|sync-split|lag1|async1|async2, not $row"; exit 2 ;;
   esac
   export NCCL_NVLS_ENABLE=0  # NVLink multicast off on hosts of several GPUs
-  stage=bench; set -- --gpus 2 --no-standalone --steps 4 "$@"
+  stage=bench; set -- --gpus 2 --no-standalone "$@"
 fi
 if [ "$stage" = bench ]; then
   echo "== benchmark: one RL step, phase by phase ($*)"

@@ -212,6 +212,7 @@ class RewardSection(Section):
     overlong_buffer: Annotated[int, Field(ge=0)] = Field(0, description="DAPO's soft overlong penalty: a response longer than `rollout.max_tokens` - this many tokens (episodes: `env.max_episode_tokens` - this) loses reward linearly, `overlong_penalty` at the limit; 0: off.")
     overlong_penalty: PositiveFloat = Field(1.0, description="The reward a response at the length limit loses (see `overlong_buffer`).")
     on_error: float = Field(0.0, description="Reward given to a sample whose reward function raised or whose judgment could not be read (the error is reported with the sample).")
+    workers: PositiveInt = Field(8, description="Samples a reward function scores at once, each on a thread of its own: a slow reward (a code sandbox, a remote service) waits for several at a time while the engines sample on. 1: one at a time, for a reward function that is not thread-safe. A reward model and a judge score a group in one batch.")
 
 
 class SLConfig(Section):

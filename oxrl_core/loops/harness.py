@@ -71,7 +71,7 @@ class Run:
         else:
             responses = [self.tokenizer.decode(r.answer_ids, skip_special_tokens=True) for r in rollouts]
             rewards, errors = score_samples(self.reward_fn, responses, [records[r.group] for r in rollouts],
-                                            self.config.reward.on_error)
+                                            self.config.reward.on_error, self.config.reward.workers)
         for r, reward in zip(rollouts, rewards):
             r.reward = reward
         if errors:

@@ -4,10 +4,11 @@ judge (`judge`, `rewards/judge.py`).
 A reward is `fn(response: str, sample: dict, **kwargs) -> float`; `sample` is
 the prompt record (with its ground truth, e.g. `answer` or `tests`). A reward
 object may also have `score_batch(responses, samples) -> list[float | Unscored]`,
-which the RL loop then calls once per step instead.
+which the RL loop then calls once per group of samples instead.
 """
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from oxrl_core.errors import OxrlError
@@ -64,12 +65,14 @@ def _reward_model(kwargs: dict):
     return RewardModel(**kwargs)
 
 
-def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float) -> tuple[list[float], list[dict]]:
+def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float,
+                  workers: int = 1) -> tuple[list[float], list[dict]]:
     """Rewards of `responses` to their `samples`, and what went wrong: a user's reward must not end the run, so a
     failure scores `on_error` and comes back as {error, response, sample}. A reward with `score_batch` (a reward
     model, a judge) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`,
     one error names the first; a sample it gives no score, `Unscored`, gets `on_error` and its own error); a
-    function scores each one. `RewardUnavailable` is not a sample's failure: it ends the step."""
+    function scores each one, `workers` at a time on threads of their own (a sandbox or a remote service waits for
+    several at once). `RewardUnavailable` is not a sample's failure: it ends the step."""
     if hasattr(reward_fn, "score_batch"):
         try:
             scored = reward_fn.score_batch(responses, samples)
@@ -82,11 +85,16 @@ def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error
             return [on_error] * len(responses), [{"error": repr(e), "response": responses[0], "sample": samples[0]}]
         return rewards, [{"error": x.reason, "response": response, "sample": sample}
                          for x, response, sample in zip(scored, responses, samples) if isinstance(x, Unscored)]
-    rewards, errors = [], []
-    for response, sample in zip(responses, samples):
+
+    def score(response: str, sample: dict) -> tuple[float, dict | None]:
         try:
-            rewards.append(float(reward_fn(response, sample)))
+            return float(reward_fn(response, sample)), None
         except Exception as e:
-            rewards.append(on_error)
-            errors.append({"error": repr(e), "response": response, "sample": sample})
-    return rewards, errors
+            return on_error, {"error": repr(e), "response": response, "sample": sample}
+
+    if workers > 1 and len(responses) > 1:
+        with ThreadPoolExecutor(min(workers, len(responses)), thread_name_prefix="reward") as pool:
+            scored = list(pool.map(score, responses, samples))
+    else:
+        scored = [score(response, sample) for response, sample in zip(responses, samples)]
+    return [reward for reward, _ in scored], [error for _, error in scored if error is not None]

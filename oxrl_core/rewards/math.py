@@ -1,12 +1,15 @@
 """Verifiable rewards on final answers: math (boxed or <answer>), GSM8K (final number), format."""
 
 import re
+import threading
 
 from math_verify import parse, verify
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
+MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, for each parse and the comparison
+MAX_ANSWER_CHARS = 1000  # off the main thread math-verify runs unbounded: no real answer is longer
 
 
 def extract_answer(text: str) -> str | None:
@@ -29,8 +32,13 @@ def answers_equal(predicted: str, truth: str) -> bool:
     """Mathematical equivalence (math-verify: LaTeX, fractions, percentages, sets, ...), else exact text."""
     if predicted.strip() == truth.strip():
         return True
-    gold, guess = parse(f"${truth}$"), parse(f"${predicted}$")  # math-verify bounds each with a timeout
-    return bool(gold and guess and verify(gold, guess))
+    # math-verify's timeouts are signal alarms, which only the main thread may set: on a reward worker's thread (or
+    # a pipelined run's sampling thread) it runs without them, on answers of bounded length
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    if timeout is None and max(len(predicted), len(truth)) > MAX_ANSWER_CHARS:
+        return False
+    gold, guess = parse(f"${truth}$", parsing_timeout=timeout), parse(f"${predicted}$", parsing_timeout=timeout)
+    return bool(gold and guess and verify(gold, guess, timeout_seconds=timeout))
 
 
 def math_reward(response: str, sample: dict) -> float:

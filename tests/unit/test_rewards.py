@@ -1,12 +1,13 @@
 """Verifiable rewards: answer matching, GSM8K numbers, format, and the code sandbox's limits."""
 
 import os
+import threading
 import time
 
 import pytest
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.rewards import resolve_reward
+from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.code import code_reward, run_sandboxed
 from oxrl_core.rewards.math import extract_answer, format_reward, gsm8k_reward, math_reward
 
@@ -52,6 +53,14 @@ MATH_CASES = [
 @pytest.mark.parametrize("response, truth, expected", MATH_CASES)
 def test_math_reward_matches_equivalent_answers_only(response, truth, expected):
     assert math_reward(response, {"answer": truth}) == expected
+
+
+def test_math_reward_scores_every_case_the_same_on_reward_worker_threads():
+    # math-verify's timeouts are signals, refused off the main thread: there it must run without them
+    responses, samples = [r for r, _, _ in MATH_CASES], [{"answer": t} for _, t, _ in MATH_CASES]
+    rewards, errors = score_samples(math_reward, responses, samples, on_error=-1.0, workers=4)
+    assert errors == []
+    assert rewards == [expected for _, _, expected in MATH_CASES]
 
 
 def test_there_are_at_least_30_answer_matching_cases():
@@ -127,3 +136,30 @@ def test_rewards_resolve_by_name_or_module_function():
     assert resolve_reward("env", {}) is None  # an episode's environment scores it
     with pytest.raises(OxrlError, match="reward.kwargs: scale given for reward.func=env"):
         resolve_reward("env", {"scale": 2})
+
+
+def test_a_reward_function_scores_workers_samples_at_once_and_keeps_each_score_with_its_sample():
+    # each call waits until four are under way: only four threads at once get past it
+    together = threading.Barrier(4, timeout=20)
+
+    def waits_for_three_others(response, sample):
+        together.wait()
+        if sample["answer"] == "bad":
+            raise ValueError("no answer")
+        return float(len(response))
+
+    responses, samples = ["a", "bb", "ccc", "dddd"], [{"answer": "1"}, {"answer": "bad"}, {"answer": "3"}, {"answer": "4"}]
+    rewards, errors = score_samples(waits_for_three_others, responses, samples, on_error=-1.0, workers=4)
+    assert rewards == [1.0, -1.0, 3.0, 4.0]
+    assert [(e["response"], e["sample"]) for e in errors] == [("bb", {"answer": "bad"})]
+
+
+def test_one_reward_worker_scores_the_samples_one_after_the_other_on_the_callers_thread():
+    threads = []
+
+    def records_its_thread(response, sample):
+        threads.append(threading.current_thread())
+        return 1.0
+
+    assert score_samples(records_its_thread, ["a", "b", "c"], [{}] * 3, on_error=0.0, workers=1) == ([1.0] * 3, [])
+    assert threads == [threading.current_thread()] * 3
