@@ -17,31 +17,21 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
+from alg_gains import run
 from oxrl_core.demo import RL_CONFIG
 
 HERE = Path(__file__).resolve().parent
-RUN = ("import json, sys; from rich.console import Console; from oxrl_core.demo import demo_data; "
-       "from oxrl_core.loops.preflight import load_rl_config; from oxrl_core.loops.train import train; "
-       "files = demo_data(0); config, model = load_rl_config(sys.argv[1], [f\"data.train=[{{path: {files['rl_train']}}}]\", "
-       "*sys.argv[2:]]); times = []; "
-       "train(config, model, resume=False, console=Console(file=sys.stderr), "
-       "on_step=lambda step, m: times.append([m['time_step_s'], m.get('time_reward_s', 0.0), m['time_generate_s']])); "
-       "print(json.dumps(times))")
-
-
-def run(config: Path, overrides: list[str]) -> list[list[float]]:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", RUN, str(config), *overrides], capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(overrides)} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+RUN = ("import json, sys; from pathlib import Path; from rich.console import Console; "
+       "from oxrl_core.demo import demo_data; from oxrl_core.loops.preflight import load_rl_config; "
+       "from oxrl_core.loops.train import train; files = demo_data(0); "
+       "config, model = load_rl_config(Path(sys.argv[1]), [f\"data.train=[{{path: {files['rl_train']}}}]\", *sys.argv[2:]]); "
+       "times = []; train(config, model, resume=False, console=Console(file=sys.stderr), on_step=lambda step, m: "
+       "times.append([m['time_step_s'], m.get('time_reward_s', 0.0), m['time_generate_s']])); print(json.dumps(times))")
 
 
 def main() -> None:
@@ -61,10 +51,11 @@ def main() -> None:
     config.write_text(yaml.safe_dump(settings))
     n, groups = settings["rollout"]["n_samples"], settings["train"]["batch_size"] // settings["rollout"]["n_samples"]
     slow = ["reward.func=slow_reward:math_after_delay", f"reward.kwargs={{delay_s: {args.group_s / n}}}"]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))  # slow_reward
     steps = {"plain": [], "slow": []}
     for repeat in range(args.repeats):
         for name, extra in (("plain", []), ("slow", slow)):
-            times = run(config, [*extra, *args.overrides])[1:]  # the first step compiles and allocates
+            times = run(RUN, str(config), *extra, *args.overrides)[1:]  # the first step compiles and allocates
             steps[name] += times
             print(f"run {repeat + 1} {name}: median step {statistics.median(t[0] for t in times):.2f} s", flush=True)
     median = {name: statistics.median(t[0] for t in times) for name, times in steps.items()}
