@@ -203,10 +203,12 @@ def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_da
         assert "lora:" in result.output and "enabled: true" in result.output
 
 
-@pytest.mark.parametrize("example", ["sgrpo_tiny", "ppo_tiny"])
+@pytest.mark.parametrize("example", ["sgrpo_tiny", "ppo_tiny", "grpo_tiny", "gspo_tiny", "dr-grpo_tiny", "rloo_tiny",
+                                     "reinforce++_tiny", "reinforce++-baseline_tiny"])
 def test_rl_examples_that_no_integration_test_runs_as_shipped_validate(example, tmp_path, monkeypatch):
-    """The CISPO example runs as shipped (tests/integration/test_small_memory.py); these differ from it in their algorithm's
-    settings, whose code the integration tests run with the CISPO example's data."""
+    """The CISPO example runs as shipped (tests/integration/test_small_memory.py) and DAPO's from its file; these differ
+    from them in their algorithm's settings, whose code the integration tests run with the CISPO example's data (and
+    the long lane from their own files)."""
     from typer.testing import CliRunner
 
     from oxrl_cli.main import app

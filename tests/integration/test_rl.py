@@ -100,12 +100,13 @@ def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
         assert (run / "final" / ("adapter_model.safetensors" if lora else "model.safetensors")).is_file()
 
 
-# One in the fast lane. In the long lane: GRPO (SGRPO's surrogate at fixed settings; its loss is unit-tested against a
-# float64 reference and TRL's, and the loop runs it as it runs the others here) and REINFORCE++-baseline (REINFORCE++'s
-# loss, which runs here, on baseline-subtracted advantages, unit-tested).
-@pytest.mark.parametrize("alg", [pytest.param("grpo", marks=pytest.mark.slow), "gspo", "dr-grpo", "rloo", "reinforce++",
-                                 pytest.param("dapo", marks=pytest.mark.quick),
-                                 pytest.param("reinforce++-baseline", marks=pytest.mark.slow)])
+# DAPO (dynamic sampling, the overlong buffer) in the fast lane. In the long lane the others, whose loop is the one DAPO,
+# CISPO, SGRPO and PPO run in the whole suite, with their own loss and advantage estimator, each unit-tested against a
+# float64 reference (tests/unit/test_rl_losses.py, test_rl_advantages.py, test_rl_algorithms_match_trl.py); their
+# shipped examples are validated by tests/cli/test_docs.py.
+@pytest.mark.parametrize("alg", [pytest.param(alg, marks=pytest.mark.slow)
+                                 for alg in ("grpo", "gspo", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline")]
+                         + [pytest.param("dapo", marks=pytest.mark.quick)])
 def test_each_rl_algorithm_trains_two_steps_from_its_example_through_the_cli(tmp_path, tiny_model_dir, prompts, oxrl_rl,
                                                                               alg):
     """Each example as shipped but small (the test reward, 16 samples of 8 tokens, one rank): the run trains, refreshes
