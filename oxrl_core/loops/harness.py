@@ -11,6 +11,7 @@ bookkeeping; the DeepSpeed ranks (Ray actors, `training/group.py`) own the model
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,6 +55,7 @@ class Run:
     tokenizer: Any
     pad_id: int
     reward_fn: Any  # scores samples: a function, a reward model, a judge; None where the environment scores
+    reward_workers: ThreadPoolExecutor | None  # a reward function's threads (reward.workers); None: the loop's own
     summary: dict = field(default_factory=dict)
     position: RunPosition = field(default_factory=RunPosition)
     group: TrainGroup | None = None
@@ -71,7 +73,7 @@ class Run:
         else:
             responses = [self.tokenizer.decode(r.answer_ids, skip_special_tokens=True) for r in rollouts]
             rewards, errors = score_samples(self.reward_fn, responses, [records[r.group] for r in rollouts],
-                                            self.config.reward.on_error, self.config.reward.workers)
+                                            self.config.reward.on_error, self.reward_workers)
         for r, reward in zip(rollouts, rewards):
             r.reward = reward
         if errors:
@@ -113,14 +115,17 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
     if state:
         console.print(f"resuming from the checkpoint of step {state['step']} ({run_dir / 'ds' / state['tag']})",
                       highlight=False, soft_wrap=True)
-    with stop_on_signals(run_dir, console) as signals:  # from here on a signal stops the run cleanly
+    # from here on a signal stops the run cleanly; the reward's threads start with its first samples, end with the run
+    with stop_on_signals(run_dir, console) as signals, \
+            ThreadPoolExecutor(config.reward.workers, thread_name_prefix="reward") as reward_workers:
         tokenizer, pad_id = load_tokenizer(model_path)
         reward_fn = None
         if algorithm.rewards:  # checked before any engine starts; None: the environment scores
             reward_fn = resolve_reward(config.reward.func, config.reward.kwargs,
                                        config.reward.judge if algorithm.loop == "rl" else None)
             (run_dir / "reward_errors.jsonl").touch()
-        run = Run(config, model_path, algorithm, console, run_dir, state, tokenizer, pad_id, reward_fn)
+        run = Run(config, model_path, algorithm, console, run_dir, state, tokenizer, pad_id, reward_fn,
+                  reward_workers if config.reward.workers > 1 else None)
         recipe = make_recipe(run)
         report_data(recipe.reports, run_dir, console)
         log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,

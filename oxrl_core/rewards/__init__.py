@@ -8,7 +8,7 @@ which the RL loop then calls once per group of samples instead.
 """
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from functools import partial
 
 from oxrl_core.errors import OxrlError
@@ -66,13 +66,13 @@ def _reward_model(kwargs: dict):
 
 
 def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float,
-                  workers: int = 1) -> tuple[list[float], list[dict]]:
+                  workers: Executor | None = None) -> tuple[list[float], list[dict]]:
     """Rewards of `responses` to their `samples`, and what went wrong: a user's reward must not end the run, so a
     failure scores `on_error` and comes back as {error, response, sample}. A reward with `score_batch` (a reward
     model, a judge) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`,
     one error names the first; a sample it gives no score, `Unscored`, gets `on_error` and its own error); a
-    function scores each one, `workers` at a time on threads of their own (a sandbox or a remote service waits for
-    several at once). `RewardUnavailable` is not a sample's failure: it ends the step."""
+    function scores each one, on `workers`' threads if given (a sandbox or a remote service waits for several at
+    once), else one after the other on this thread. `RewardUnavailable` is not a sample's failure: it ends the step."""
     if hasattr(reward_fn, "score_batch"):
         try:
             scored = reward_fn.score_batch(responses, samples)
@@ -92,9 +92,5 @@ def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error
         except Exception as e:
             return on_error, {"error": repr(e), "response": response, "sample": sample}
 
-    if workers > 1 and len(responses) > 1:
-        with ThreadPoolExecutor(min(workers, len(responses)), thread_name_prefix="reward") as pool:
-            scored = list(pool.map(score, responses, samples))
-    else:
-        scored = [score(response, sample) for response, sample in zip(responses, samples)]
+    scored = list(workers.map(score, responses, samples) if workers else map(score, responses, samples))
     return [reward for reward, _ in scored], [error for _, error in scored if error is not None]

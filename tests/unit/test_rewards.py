@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -58,7 +59,8 @@ def test_math_reward_matches_equivalent_answers_only(response, truth, expected):
 def test_math_reward_scores_every_case_the_same_on_reward_worker_threads():
     # math-verify's timeouts are signals, refused off the main thread: there it must run without them
     responses, samples = [r for r, _, _ in MATH_CASES], [{"answer": t} for _, t, _ in MATH_CASES]
-    rewards, errors = score_samples(math_reward, responses, samples, on_error=-1.0, workers=4)
+    with ThreadPoolExecutor(4) as workers:
+        rewards, errors = score_samples(math_reward, responses, samples, on_error=-1.0, workers=workers)
     assert errors == []
     assert rewards == [expected for _, _, expected in MATH_CASES]
 
@@ -138,7 +140,7 @@ def test_rewards_resolve_by_name_or_module_function():
         resolve_reward("env", {"scale": 2})
 
 
-def test_a_reward_function_scores_workers_samples_at_once_and_keeps_each_score_with_its_sample():
+def test_a_reward_function_scores_as_many_samples_at_once_as_it_has_workers_and_keeps_each_score_with_its_sample():
     # each call waits until four are under way: only four threads at once get past it
     together = threading.Barrier(4, timeout=20)
 
@@ -149,17 +151,18 @@ def test_a_reward_function_scores_workers_samples_at_once_and_keeps_each_score_w
         return float(len(response))
 
     responses, samples = ["a", "bb", "ccc", "dddd"], [{"answer": "1"}, {"answer": "bad"}, {"answer": "3"}, {"answer": "4"}]
-    rewards, errors = score_samples(waits_for_three_others, responses, samples, on_error=-1.0, workers=4)
+    with ThreadPoolExecutor(4) as workers:
+        rewards, errors = score_samples(waits_for_three_others, responses, samples, on_error=-1.0, workers=workers)
     assert rewards == [1.0, -1.0, 3.0, 4.0]
     assert [(e["response"], e["sample"]) for e in errors] == [("bb", {"answer": "bad"})]
 
 
-def test_one_reward_worker_scores_the_samples_one_after_the_other_on_the_callers_thread():
+def test_without_workers_a_reward_function_scores_the_samples_one_after_the_other_on_the_callers_thread():
     threads = []
 
     def records_its_thread(response, sample):
         threads.append(threading.current_thread())
         return 1.0
 
-    assert score_samples(records_its_thread, ["a", "b", "c"], [{}] * 3, on_error=0.0, workers=1) == ([1.0] * 3, [])
+    assert score_samples(records_its_thread, ["a", "b", "c"], [{}] * 3, on_error=0.0) == ([1.0] * 3, [])
     assert threads == [threading.current_thread()] * 3
