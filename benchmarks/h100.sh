@@ -26,6 +26,8 @@
 #                                                  # of both outgrow a 10-minute call
 #   bash benchmarks/h100.sh cuda-graphs [VARIANT ...] # the train step with each layer's kernels as CUDA graphs, against
 #                                                  # today's compiled layers (benchmarks/probes/cuda_graph_probe.py)
+#   bash benchmarks/h100.sh engine [--variants V,V]  # one rollout engine's tokens/s under vLLM's settings, one variant a
+#                                                  # GPU at a time (benchmarks/probes/engine_probe.py)
 #   bash benchmarks/h100.sh cli                    # `oxrl train sl` and `oxrl train rl` through the CLI
 #   bash benchmarks/h100.sh vs-trl [--steps N] [KEY=VALUE ...] [--trl KEY=VALUE ...]
 #                                                  # TRL's GRPOTrainer (colocated vLLM) then oxrl's step on rl_step.py's
@@ -125,6 +127,14 @@ if [ "$stage" = vs-verl ]; then
   echo "rc=$?"; tail -n 24 "$OUT/vs_verl.log"
   mkdir -p "$OUT/vs_verl"
   for f in vs_verl.json verl.json oxrl.json verl_overrides.txt prepare.log verl.log oxrl.log; do cp "$WORK/vs_verl/$f" "$OUT/vs_verl/" 2>/dev/null; done
+  exit 0
+fi
+
+if [ "$stage" = engine ]; then
+  echo "== one rollout engine's tokens/s under vLLM's settings ($*)"
+  timeout 560 python3 benchmarks/probes/engine_probe.py --out "$WORK" --gpus "$(nvidia-smi -L | wc -l)" "$@" > "$OUT/engine_probe.log" 2>&1
+  echo "rc=$?"; grep -E "tokens/s by sequences" "$OUT/engine_probe.log"
+  cp "$WORK/engine_probe.json" "$OUT/" 2>/dev/null; tar czf "$OUT/engine_probe_logs.tgz" -C "$WORK" $(cd "$WORK" && ls engine_probe.*.log)
   exit 0
 fi
 
