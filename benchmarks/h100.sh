@@ -9,7 +9,7 @@
 #                                                  # weights (ZeRO-2), LoRA with one memory setting for 80 GB GPUs and
 #                                                  # one for H200s (the same setting at every N)
 #   bash benchmarks/h100.sh pipelined ROW [--long-tail] [KEY=VALUE ...]  # pipelined RL's rows on 2 GPUs, one a call:
-#                                                  # `bench --gpus 2 --no-standalone` (4 steps; asynchronously 1 + s + 3)
+#                                                  # `bench --gpus 2 --no-standalone` (4 steps; asynchronously 1 + s + 3 + s)
 #                                                  # as sync-colocated (the default), sync-split, lag1, async1 or async2
 #                                                  # (split: 1 rank + 1 engine), or lag1-colocated, async1-colocated,
 #                                                  # async2-colocated (2 ranks + 2 engines); BENCH_TIMEOUT_S=560 for the
@@ -63,11 +63,11 @@ if [ "$stage" = pipelined ]; then
     sync-colocated) set -- "$@" ;;
     sync-split) set -- "$@" $split ;;
     lag1) set -- "$@" $split rollout.lag=1 ;;
-    async1) set -- --steps 5 "$@" $split rollout.max_staleness=1 ;;  # 3 steps measured after the first 1 + s
-    async2) set -- --steps 6 "$@" $split rollout.max_staleness=2 ;;
+    async1) set -- --steps 6 "$@" $split rollout.max_staleness=1 ;;  # 3 steps measured: after the first 1 + s, before the last s
+    async2) set -- --steps 8 "$@" $split rollout.max_staleness=2 ;;
     lag1-colocated) set -- "$@" rollout.lag=1 ;;  # engines sample on the trainers' GPUs while they train
-    async1-colocated) set -- --steps 5 "$@" rollout.max_staleness=1 ;;
-    async2-colocated) set -- --steps 6 "$@" rollout.max_staleness=2 ;;
+    async1-colocated) set -- --steps 6 "$@" rollout.max_staleness=1 ;;
+    async2-colocated) set -- --steps 8 "$@" rollout.max_staleness=2 ;;
     *) echo "pipelined sync-colocated|sync-split|lag1|async1|async2|lag1-colocated|async1-colocated|async2-colocated, not $row"; exit 2 ;;
   esac
   export NCCL_NVLS_ENABLE=0  # NVLink multicast off on hosts of several GPUs

@@ -5,8 +5,9 @@ A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qw
 image tokens after the prompt's 128) is built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
 and engines; or split, given `rollout.placement=split` and how many ranks and engines share the N GPUs) go through
 `train` (`oxrl_core.loops.train`), the same loop as `oxrl train rl`. Reported, as the median over the steps after the
-first (which compiles and allocates; asynchronously, after the first 1 + `rollout.max_staleness`, which find batches
-sampled ahead during the first), and step by step: time and tokens/s of
+first (which compiles and allocates; asynchronously, between the first 1 + `rollout.max_staleness`, which find
+batches sampled ahead during the first, and the last `rollout.max_staleness`, whose batches are sampled with no later
+ones queued behind them), and step by step: time and tokens/s of
 each phase (generate, reward, trainer logprobs, train, refresh), the training
 phase's MFU against the H100's (and H200's) 989 TFLOP/s dense bf16 peak per trainer GPU, peak memory of the fullest GPU;
 and, first, standalone vLLM (the same engine class, no Ray, no trainer, in a fresh
@@ -428,8 +429,10 @@ def main() -> None:
     history = summary["history"]
     timed = [key for key in history[-1] if key.startswith("time_") or key == "generate_tokens_per_s"]
     # the first step compiles and allocates; asynchronously, the first 1 + max_staleness steps find batches sampled
-    # while step 1 trained (steps 2 .. 1 + s wait for nothing) and only the later ones show the steady state
-    measured = history[1 + config.rollout.max_staleness:] or history
+    # while step 1 trained (steps 2 .. 1 + s wait for nothing), and the last s find the engines draining (no later
+    # batch shares them): the steps between show the steady state
+    s = config.rollout.max_staleness
+    measured = history[1 + s:len(history) - s] or history
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     # the tokens the policy sampled (an episode's response also holds the environment's), per second of generation
     policy_tokens = [h.get("policy_tokens", h["response_length"]) * config.train.batch_size / h["time_generate_s"] for h in measured]

@@ -16,7 +16,6 @@ class PlacementRequest:
     tensor_parallel_size: int  # rollout.tensor_parallel_size
     mode: Literal["auto", "colocated", "split"]  # rollout.placement
     judge: Literal["own", "colocated"] | None  # reward.judge.placement of a run judged by an LLM; None: no judge
-    overlapped: bool = False  # the engines sample while the trainer trains (rollout.lag or rollout.max_staleness > 0)
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
     judge = None if request.judge is None else "own" if not gpus else request.judge
     mode = request.mode
     if mode == "auto":
-        mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus and not request.overlapped else "split"
+        mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus else "split"
     what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
             f"rollout.placement={request.mode}")
     if tp > 1 and engines > 1 and not gpus:
@@ -82,8 +81,7 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
     if gpus and needed > gpus:
         extra = ", plus one for reward.judge (placement own; colocated shares trainer rank 0's)" if judge == "own" else ""
         raise OxrlError(f"{what}: needs {needed} GPUs ({mode}{extra}), the cluster has {gpus}; "
-                        f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum"
-                        + ("; rollout.lag or rollout.max_staleness > 0 needs split" if request.overlapped else ""))
+                        f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum")
     return Placement(mode, gpus > 0, ranks, engines, tp, judge)
 
 

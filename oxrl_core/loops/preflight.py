@@ -38,8 +38,7 @@ def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
     judged = isinstance(config, RLConfig) and config.reward.func == "judge"
     return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if samples else 0,
                             tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
-                            judge=config.reward.judge.placement if judged else None,
-                            overlapped=isinstance(config, RLConfig) and (rollout.lag > 0 or rollout.max_staleness > 0))
+                            judge=config.reward.judge.placement if judged else None)
 
 
 def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:

