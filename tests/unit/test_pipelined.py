@@ -2,6 +2,8 @@
 of the batches sampled ahead."""
 
 import json
+import threading
+import time
 from collections import deque
 from types import SimpleNamespace
 
@@ -13,6 +15,7 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.guards import StalePolicyError, check_staleness
 from oxrl_core.loops.preflight import check_config
+from oxrl_core.loops.crash import timed
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch
 from oxrl_core.rollout.engine import Rollout
 
@@ -86,3 +89,35 @@ def test_the_checkpoint_of_an_asynchronous_run_keeps_the_sampler_where_the_first
     assert pg.loop_state()["sampler"] == {"drawn": 5}
     pg.last_trained = 6  # nothing drawn past the last step: the sampler as it is
     assert pg.loop_state() == {"sampler": {"drawn": 9}, "policy_version": 4, "pending": []}
+
+
+def test_a_slowed_trainer_trains_no_sample_older_than_the_staleness_bound_while_the_engines_run_ahead():
+    """Asynchronous at max_staleness 2, engines that sample at once and a trainer that takes its time: the engines
+    run exactly as far ahead as the bound allows, so every batch from step 3 on is 2 versions old when trained."""
+    bound, steps = 2, 8
+    pg = object.__new__(PolicyGradient)
+    pg.staleness, pg.policy_version, pg.last_trained = bound, 0, 0
+    pg.train, pg.rollout_cfg = SimpleNamespace(steps=steps, batch_size=4), SimpleNamespace(n_samples=2)
+    pg.sampler = SimpleNamespace(state_dict=dict, next_batch=lambda count: [(0, 0)] * count)
+    pg.in_flight, pg.sampler_before = {}, {}
+    pg.trained, pg.drawing = threading.Condition(), threading.Lock()
+    pg.run = SimpleNamespace(position=SimpleNamespace(timed=timed))
+    started = {}  # step -> the policy version the engines held when its batch started
+
+    def sample(step, timer, drawn):
+        started[step] = pg.policy_version
+        return SimpleNamespace(policy_version=started[step])
+
+    pg.sample = sample
+    ages = []
+    for step in range(1, steps + 1):
+        batch = pg.take_async(step, {})
+        ages.append(pg.policy_version - batch.policy_version)
+        while min(step + bound, steps) not in started:  # the trainer is slow: the engines get as far as they may
+            time.sleep(0.001)
+        time.sleep(0.05)  # and would go further if they were let
+        assert max(started) == min(step + bound, steps)
+        with pg.trained:
+            pg.policy_version, pg.last_trained = pg.policy_version + 1, step
+            pg.trained.notify_all()
+    assert ages == [0, 1, 2, 2, 2, 2, 2, 2]
