@@ -235,7 +235,8 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
     distribution; the end-of-turn token's (<|im_end|>) output row is set along that direction, scaled for a
     probability of 1 / `mean_tokens`: message lengths are geometric. What a step computes is unchanged. (Random
     weights as they are: the chance to end a message differed 13-fold between two of the benchmark's prompts, and
-    half the messages ran to 512 tokens.) The 0.5B shape ties the row to the token's input embedding."""
+    half the messages ran to 512 tokens.) The 0.5B shape ties the row to the token's input embedding; the 7B shape's
+    head is its own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = folder.parent / f"{folder.name}-turns-of-{mean_tokens}"
@@ -382,13 +383,15 @@ def main() -> None:
                         "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself")
     parser.add_argument("--turns", type=int, default=1, help="policy messages per episode at most (0.5B shape): each "
                         "sample an episode against an environment, no standalone reference")
-    parser.add_argument("--long-tail", action="store_true", help=f"long-tailed response lengths (0.5B shape): geometric, "
+    parser.add_argument("--long-tail", action="store_true", help=f"long-tailed response lengths (0.5B and 7B shapes): geometric, "
                         f"mean {LONG_TAIL_MEAN} tokens, cut at {LONG_TAIL_CAP}; no standalone reference")
     parser.add_argument("--slow-reward", type=float, default=0.0, metavar="SECONDS", help="the math reward after this "
                         "many seconds' wait per sample (benchmarks/slow_reward.py), as a sandbox or a remote judge")
     args = parser.parse_args()
-    if (args.turns > 1 or args.long_tail) and args.shape != "0.5b":
-        raise SystemExit(f"--turns and --long-tail run on the 0.5B shape only, not --shape {args.shape}")
+    if args.turns > 1 and args.shape != "0.5b":
+        raise SystemExit(f"--turns runs on the 0.5B shape only, not --shape {args.shape}")
+    if args.long_tail and args.shape not in ("0.5b", "7b"):  # a text model, whose long tail a GPU-bound engine waits for
+        raise SystemExit(f"--long-tail runs on the 0.5B and 7B shapes only, not --shape {args.shape}")
     if args.slow_reward:
         sys.path.insert(0, str(Path(__file__).parent))
         args.overrides = ["reward.func=slow_reward:math_after_delay", f"reward.kwargs={{delay_s: {args.slow_reward}}}",
