@@ -186,7 +186,8 @@ def child_prepare(args) -> None:
         rl_step.PROMPT_TOKENS, rl_step.NEW_TOKENS = SMOKE["prompt_tokens"], SMOKE["new_tokens"]
         rl_step.QWEN25_SHAPES["tiny"], shape = {}, "tiny"
         rl_step.build_model = lambda folder, _shape: build_tiny_model(folder)  # rl_step's builds on CUDA
-    model, prompts, config_path = rl_step.prepare(args.out, args.steps, shape, gpus=getattr(args, "gpus", 1))  # vs_verl: N
+    model, prompts, config_path = rl_step.prepare(args.out, args.steps, shape, gpus=getattr(args, "gpus", 1),  # vs_verl's
+                                                  long_tail=getattr(args, "long_tail", False))
     print(json.dumps({"model": str(model), "prompts": str(prompts), "config": str(config_path)}))
 
 

@@ -6,7 +6,9 @@ over the step's samples in micro-batches of 32, AdamW at lr 1e-6 (constant), bf1
 colocated. verl runs `python3 -m verl.trainer.main_ppo` with GRPO's advantages, its own CISPO loss, an FSDP actor and
 a vLLM rollout on the same GPUs, no KL and no critic; its data is a parquet file written from the very records oxrl
 loads, and its reward is oxrl's reward function, called through a `custom_reward_function` module written here. Every
-verl setting comes from the same oxrl config (`verl_overrides`), so an override given here changes both sides.
+verl setting comes from the same oxrl config (`verl_overrides`), so an override given here changes both sides. At
+`rollout.lag=1` with `rollout.placement=split`, verl runs its one-step-off-policy trainer instead (`verl_entry`), its
+GPUs split as oxrl's; `--long-tail` gives both sides rl_step.py's long-tailed response lengths.
 
 Steps, one after the other, each side on empty GPUs: (1) prepare: the model, prompts, `rl_step.yaml` (rl_step.prepare)
 and verl's inputs; (2) verl for `--steps` steps; (3) oxrl's `train` (`oxrl_core.loops.train`) on `rl_step.yaml`.
@@ -14,7 +16,8 @@ Reported per side: the median over the steps after the first of each phase (verl
 `old_log_prob`, `update_actor`, `update_weights`, `step`), generated and trained tokens/s, peak GPU memory, and the
 ratio.
 
-    python benchmarks/vs_verl.py --out DIR [--gpus N] [--steps 4] [--verl-site DIR] [--side both|verl|oxrl] [KEY=VALUE ...]
+    python benchmarks/vs_verl.py --out DIR [--gpus N] [--steps 4] [--verl-site DIR] [--side both|verl|oxrl] [--long-tail]
+        [KEY=VALUE ...]
     python benchmarks/vs_verl.py --smoke --out DIR   # CPU, no verl needed: verl's inputs written from the tiny model
 
 `--verl-site`: a folder holding verl and the packages it needs beside the host's torch and vLLM (`pip install
@@ -74,17 +77,38 @@ def write_verl_inputs(config, tokenizer, out: Path) -> dict:
     return paths
 
 
+def verl_entry(config) -> str:
+    """verl's trainer for the run `config` describes: its synchronous one (colocated), or at `rollout.lag: 1` with
+    split placement its one-step-off-policy trainer, which generates step t + 1's batch while step t trains."""
+    if config.rollout.lag == 1 and config.rollout.placement == "split":
+        return "verl.experimental.one_step_off_policy.main_ppo"
+    return "verl.trainer.main_ppo"
+
+
 def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> list[str]:
-    """`verl.trainer.main_ppo` overrides for the run `config` describes: colocated, full weights, CISPO, no KL."""
+    """`verl_entry(config)`'s overrides for the run `config` describes: full weights, CISPO, no KL; colocated and
+    strictly on-policy, or split at a lag of 1."""
     train, rollout = config.train, config.rollout
+    one_step_off = verl_entry(config) != "verl.trainer.main_ppo"
     unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo", "train.kl_coeff": train.kl_coeff > 0,
-                   "lora.enabled": config.lora.enabled, "rollout.placement=split": rollout.placement == "split",
+                   "lora.enabled": config.lora.enabled,
+                   "rollout.placement=split (mapped at rollout.lag=1 only)": rollout.placement == "split" and not one_step_off,
+                   "rollout.lag (mapped at 1 with rollout.placement=split only)": rollout.lag > 0 and not one_step_off,
+                   "rollout.max_staleness (verl's fully asynchronous trainer is not mapped)": rollout.max_staleness > 0,
                    "rollout.tensor_parallel_size": rollout.tensor_parallel_size != 1}
     if any(unsupported.values()):
         raise SystemExit("vs_verl: no verl counterpart mapped for " + ", ".join(k for k, v in unsupported.items() if v))
     prompts_per_step = train.batch_size // rollout.n_samples
     dtype = "bfloat16" if on_gpu else "float32"
-    return [
+    # one step off: the trainer's GPUs and the engines' apart (verl's defaults: 8 of each); its config finds verl's
+    # base config relative to the working folder unless told where it is; its default "bypass mode" would train
+    # against the engines' log-probs with a loss of its own in place of CISPO: off, so that it recomputes the old
+    # log-probs on the trainer and keeps CISPO, as oxrl does
+    placement = ([f"trainer.n_gpus_per_node={config.run.train_ranks}", "rollout.nnodes=1",
+                  f"rollout.n_gpus_per_node={rollout.engines}", "actor_rollout_ref.hybrid_engine=False",
+                  "hydra.searchpath=[pkg://verl.trainer.config]", "algorithm.rollout_correction.bypass_mode=False"]
+                 if one_step_off else [f"trainer.n_gpus_per_node={gpus}"])
+    return [*placement,
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "trainer.use_v1=False",
         f"data.train_files={paths['train']}", f"data.val_files={paths['train']}",
         f"data.train_batch_size={prompts_per_step}", f"data.max_prompt_length={rollout.max_prompt_len}",
@@ -114,7 +138,7 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
         f"actor_rollout_ref.rollout.top_p={rollout.top_p}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization}",
         f"reward.custom_reward_function.path={paths['reward']}", "reward.custom_reward_function.name=compute_score",
-        f"trainer.n_gpus_per_node={gpus}", "trainer.nnodes=1", f"trainer.total_training_steps={steps}",
+        "trainer.nnodes=1", f"trainer.total_training_steps={steps}",
         "trainer.logger=[console]", "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.default_local_dir={paths['train'].parent / 'verl-checkpoints'}", "trainer.project_name=vs_verl",
         "trainer.experiment_name=vs_verl", f"trainer.device={'cuda' if on_gpu else 'cpu'}",
@@ -123,8 +147,9 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
 
 STACK = ("verl", "torch", "vllm", "transformers", "tensordict", "ray", "flash-attn")
 
-VERL_PHASES = {"generate": "timing_s/gen", "reward": "timing_s/reward", "logprobs": "timing_s/old_log_prob",
-               "train": "timing_s/update_actor", "refresh": "timing_s/update_weights"}
+# each phase's timer; the refresh is `sync_rollout_weights` in the one-step-off-policy trainer
+VERL_PHASES = {"generate": ("timing_s/gen",), "reward": ("timing_s/reward",), "logprobs": ("timing_s/old_log_prob",),
+               "train": ("timing_s/update_actor",), "refresh": ("timing_s/update_weights", "timing_s/sync_rollout_weights")}
 
 
 def parse_verl_log(text: str, samples: int, prompt_tokens: int) -> list[dict]:
@@ -145,7 +170,7 @@ def parse_verl_log(text: str, samples: int, prompt_tokens: int) -> list[dict]:
                 pass
         if "timing_s/step" not in metrics:
             continue
-        phases = {p: metrics.get(key, 0.0) for p, key in VERL_PHASES.items()}
+        phases = {p: next((metrics[k] for k in keys if k in metrics), 0.0) for p, keys in VERL_PHASES.items()}
         step_s = metrics["timing_s/step"]
         steps.append({"step_s": step_s, **{f"time_{p}_s": s for p, s in phases.items()},
                       "time_other_s": step_s - sum(phases.values()), "samples": samples,
@@ -170,6 +195,7 @@ def main() -> None:
                         help="run one side only (verl starts in about 5 minutes on an H200, so both sides of 3 steps "
                              "outgrow a 10-minute call); the report takes the other side's results, from an earlier "
                              "call with the same --out and --gpus, if there are any")
+    parser.add_argument("--long-tail", action="store_true", help="rl_step.py's long-tailed response lengths")
     parser.add_argument("--child", choices=["prepare", "oxrl"], help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of rl_step.yaml, applied to both sides")
     args = parse_args(parser)
@@ -180,7 +206,7 @@ def main() -> None:
     left = lambda: args.budget_s - (time.monotonic() - start)
     script = Path(__file__).resolve()
     passthrough = ["--out", str(args.out), "--steps", str(args.steps), "--gpus", str(args.gpus),
-                   *(["--smoke"] if args.smoke else []), "--", *args.overrides]
+                   *(["--smoke"] if args.smoke else []), *(["--long-tail"] if args.long_tail else []), "--", *args.overrides]
     rc = {"prepare": _run_child("prepare", passthrough, args.out, min(240.0, left()), script=script)}
     if rc["prepare"] != 0:
         sys.exit(f"prepare failed (rc {rc['prepare']}); see {args.out / 'prepare.log'}")
@@ -245,7 +271,7 @@ def run_verl(args, overrides: list[str], config, timeout: float) -> int:
     print(f"== verl (at most {timeout:.0f} s)", flush=True)
     began = time.monotonic()
     with open(args.out / "verl.log", "w") as log:
-        child = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], stdout=log,
+        child = subprocess.Popen([sys.executable, "-m", verl_entry(config), *overrides], stdout=log,
                                  stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=args.out)
         try:
             rc = child.wait(timeout=max(timeout, 1.0))

@@ -98,3 +98,33 @@ def test_a_run_verl_cannot_match_is_refused_by_name(tmp_path, vs_verl):
                                       "train": {"alg": "sgrpo"}})
     with pytest.raises(SystemExit, match="train.alg .only cispo is mapped., lora.enabled"):
         vs_verl.verl_overrides(config, {"train": tmp_path / "t.parquet", "reward": tmp_path / "r.py"}, 1, 2, False)
+
+
+def test_a_lag_of_1_split_runs_verls_one_step_off_trainer_with_its_gpus_apart_and_cispo_kept(tmp_path, vs_verl):
+    from oxrl_core.config.schema import RLConfig
+
+    paths = {"train": tmp_path / "t.parquet", "reward": tmp_path / "r.py"}
+    rl = lambda **rollout: RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 1},
+                                                    "rollout": {"engines": 1, **rollout}})
+    synchronous = rl()
+    assert vs_verl.verl_entry(synchronous) == "verl.trainer.main_ppo"
+    assert "trainer.n_gpus_per_node=2" in vs_verl.verl_overrides(synchronous, paths, 2, 3, True)
+    lagged = rl(placement="split", lag=1)
+    assert vs_verl.verl_entry(lagged) == "verl.experimental.one_step_off_policy.main_ppo"
+    overrides = vs_verl.verl_overrides(lagged, paths, 2, 3, True)
+    assert {"trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False",
+            "algorithm.rollout_correction.bypass_mode=False", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+            "hydra.searchpath=[pkg://verl.trainer.config]"} <= set(overrides)
+    assert len({o.split("=")[0] for o in overrides}) == len(overrides)  # each key once
+    for rollout, words in (({"placement": "split"}, "placement=split .mapped at rollout.lag=1 only"),
+                           ({"lag": 1, "placement": "colocated"}, "rollout.lag .mapped at 1 with"),
+                           ({"max_staleness": 2, "placement": "split"}, "fully asynchronous trainer is not mapped")):
+        with pytest.raises(SystemExit, match=words):
+            vs_verl.verl_overrides(rl(**rollout), paths, 2, 3, True)
+
+
+def test_the_one_step_off_trainers_weight_sync_is_read_as_the_refresh(vs_verl):
+    line = ("step:2 - timing_s/gen:4.0 - timing_s/sync_rollout_weights:0.5 - timing_s/old_log_prob:1.0 - "
+            "timing_s/update_actor:3.0 - timing_s/step:9.0 - response_length/mean:100.0")
+    (step,) = vs_verl.parse_verl_log(line, samples=8, prompt_tokens=1024)
+    assert (step["time_generate_s"], step["time_refresh_s"], step["time_other_s"]) == (4.0, 0.5, 0.5)
