@@ -10,7 +10,7 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cache="$root/.gpu-wheels-verl"; out="$root/.gpu/verl"
 grep -qx '/.gpu-wheels-verl/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-wheels-verl/' >> "$root/.git/info/exclude"
-mkdir -p "$cache" "$out"
+mkdir -p "$cache"
 plat=(--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \

@@ -13,9 +13,9 @@ import pytest
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
+from oxrl_core.loops.crash import timed
 from oxrl_core.loops.guards import StalePolicyError, check_staleness
 from oxrl_core.loops.preflight import check_config
-from oxrl_core.loops.crash import timed
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch
 from oxrl_core.rollout.engine import Rollout
 
