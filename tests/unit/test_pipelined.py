@@ -10,13 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from oxrl_core.cluster.placement import Placement
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import timed
 from oxrl_core.loops.guards import StalePolicyError, check_staleness
 from oxrl_core.loops.preflight import check_config
-from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch
+from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch, shared_gpus_note
 from oxrl_core.rollout.engine import Rollout
 
 
@@ -121,3 +122,16 @@ def test_a_slowed_trainer_trains_no_sample_older_than_the_staleness_bound_while_
             pg.policy_version, pg.last_trained = pg.policy_version + 1, step
             pg.trained.notify_all()
     assert ages == [0, 1, 2, 2, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("mode, on_gpu, lag, staleness, noted", [
+    ("colocated", True, 1, 0, True), ("colocated", True, 0, 2, True),  # engines and ranks take turns on each GPU
+    ("colocated", True, 0, 0, False),  # strictly on-policy: nothing overlaps
+    ("split", True, 1, 0, False),  # the engines have GPUs of their own
+    ("colocated", False, 1, 0, False),  # CPU: an engine shares its rank's slot, nothing measured there
+])
+def test_a_pipelined_run_is_told_when_its_engines_share_the_trainers_gpus(mode, on_gpu, lag, staleness, noted):
+    note = shared_gpus_note(lag, staleness, Placement(mode, on_gpu, train_ranks=2, engines=2, tensor_parallel_size=1))
+    assert (note is not None) == noted
+    if noted:
+        assert "rollout.placement=split" in note and "take turns" in note

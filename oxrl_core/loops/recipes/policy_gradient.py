@@ -24,6 +24,7 @@ import torch
 from oxrl_core.algs.advantages import ESTIMATORS
 from oxrl_core.algs.correction import importance_weights
 from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.cluster.placement import Placement
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import SFTExample, collate_sft
@@ -112,6 +113,9 @@ class PolicyGradient:
         return {"sampler": sampler, "policy_version": self.policy_version, "pending": [b.state() for b in self.pending]}
 
     def start(self) -> None:
+        note = shared_gpus_note(self.lag, self.staleness, self.run.pool.placement)
+        if note:
+            self.run.console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         if self.run.state:  # the engines started from the base weights: bring them to the checkpoint's
             self.policy_version -= 1
             self.refresh()
@@ -346,6 +350,15 @@ class PolicyGradient:
                 self.run.score(rollouts, [p.record for p in self.val_prompts], step)
             result[key] = sum(r.reward >= 1.0 for r in rollouts) / len(rollouts)
         return result
+
+
+def shared_gpus_note(lag: int, staleness: int, placement: Placement) -> str | None:
+    """What a pipelined run whose engines share the trainers' GPUs should know before it spends its steps."""
+    if not (lag or staleness) or not placement.weights_over_ipc:
+        return None
+    return ("rollout.lag / rollout.max_staleness with the engines on the trainers' GPUs (colocated): the engines and the "
+            "ranks take turns on each GPU, so the overlap gains little (1.03-1.04x the strictly on-policy step on 2 "
+            "H200s); rollout.placement=split gives the engines GPUs of their own (docs/guides/pipelined-rl.md)")
 
 
 def in_background(fn, *args) -> Future:
