@@ -62,6 +62,7 @@ class _Episode:
     policy_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_version: int | None = None
+    version_starts: list[tuple[int, int]] = field(default_factory=list)  # as Rollout's, over all its turns
     finish_reason: str = "stop"
     reward: float | None = None
     turns: int = 0
@@ -89,6 +90,9 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
     def follow_up(done: Completion) -> list[SampleRequest]:
         """The episode's message is in: record it, let the environment answer; its next turn, if any."""
         e = episodes[done.key]
+        for version, first in done.version_starts:  # where the weights changed, between turns or within one
+            if not e.version_starts or e.version_starts[-1][0] != version:
+                e.version_starts.append((version, len(e.response_ids) + first))
         e.response_ids += done.token_ids
         e.policy_mask += [1] * len(done.token_ids)
         e.logprobs += done.logprobs
@@ -116,4 +120,5 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
     for done in stream([turn(k) for k in range(len(episodes))], [e.group for e in episodes], follow_up):
         e = episodes[done.key]
         yield done.key, Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason,
-                      e.policy_version, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward)
+                      e.policy_version, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward,
+                      version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else ())

@@ -234,6 +234,16 @@ def test_the_oldest_policy_version_of_an_episodes_turns_is_its_version(tokenizer
     assert episode.policy_version == 2
 
 
+def test_an_episode_records_where_the_weights_changed_between_its_turns(tokenizer):
+    """An asynchronous run's refresh between two turns: the second turn's first token starts the new version (as a
+    refresh within one sample does), and an episode sampled under one version records nothing."""
+    [changed], _ = episodes(tokenizer, ScriptedPolicy(tokenizer, [[call("add", a=1, b=2), "3"]], versions=[3, 4]))
+    second_turn = changed.policy_mask.index(1, changed.policy_mask.index(0))  # the first policy token after a reply
+    assert changed.version_starts == ((3, 0), (4, second_turn)) and changed.policy_version == 3
+    [same], _ = episodes(tokenizer, ScriptedPolicy(tokenizer, [[call("add", a=1, b=2), "3"]], versions=[3, 3]))
+    assert same.version_starts == ()
+
+
 # -- the token mask --------------------------------------------------------------------------------------------
 
 def episode_rollouts() -> list[Rollout]:
