@@ -61,7 +61,6 @@ class _Episode:
     response_ids: list[int] = field(default_factory=list)
     policy_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    policy_version: int | None = None
     version_starts: list[tuple[int, int]] = field(default_factory=list)  # as Rollout's, over all its turns
     finish_reason: str = "stop"
     reward: float | None = None
@@ -97,8 +96,6 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
         e.policy_mask += [1] * len(done.token_ids)
         e.logprobs += done.logprobs
         e.turns += 1
-        # the oldest weights any of its turns were sampled with: the loop's policy-version check sees a stale turn
-        e.policy_version = min(done.policy_version, e.policy_version if e.policy_version is not None else done.policy_version)
         if done.finish_reason == "length":
             e.finish_reason = "length"
             return []
@@ -119,6 +116,8 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
 
     for done in stream([turn(k) for k in range(len(episodes))], [e.group for e in episodes], follow_up):
         e = episodes[done.key]
+        # the oldest weights any of its turns were sampled with: the loop's policy-version check sees a stale turn
+        oldest = min(version for version, _ in e.version_starts)
         yield done.key, Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason,
-                      e.policy_version, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward,
-                      version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else ())
+                                oldest, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward,
+                                version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else ())
