@@ -354,11 +354,11 @@ class PolicyGradient:
 
 def shared_gpus_note(lag: int, staleness: int, placement: Placement) -> str | None:
     """What a pipelined run whose engines share the trainers' GPUs should know before it spends its steps."""
-    if not (lag or staleness) or not placement.weights_over_ipc:
+    if not (lag or staleness) or placement.mode != "colocated" or not placement.on_gpu:
         return None
     return ("rollout.lag / rollout.max_staleness with the engines on the trainers' GPUs (colocated): the engines and the "
-            "ranks take turns on each GPU, so the overlap gains little (1.03-1.04x the strictly on-policy step on 2 "
-            "H200s); rollout.placement=split gives the engines GPUs of their own (docs/guides/pipelined-rl.md)")
+            "ranks take turns on each GPU, so the overlap gains little (measured in docs/guides/pipelined-rl.md); "
+            "rollout.placement=split gives the engines GPUs of their own")
 
 
 def in_background(fn, *args) -> Future:
