@@ -36,6 +36,18 @@ ray.shutdown()
 """
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The fingerprint comparisons run after the runs they compare. Under pytest-xdist (`make test-all`: two
+    workers) every integration test stays on one worker, in order: they share the session's Ray cluster and tiny
+    models, two vLLM engines at once need more memory than a small machine has, and the signal tests count what
+    is left in /dev/shm. The unit and CLI tests fill the other worker."""
+    items.sort(key=lambda item: item.path.name == "test_fingerprints.py")
+    for item in items:
+        if item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.xdist_group("stack"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "own_ray_cluster: an integration test whose runs start and stop their own Ray "
                                        "cluster, as `oxrl` does when RAY_ADDRESS is not set")

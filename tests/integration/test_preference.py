@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
-from fingerprint import check_fingerprint
+from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def paired_summary(paired_examples, alg):
 @pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(paired_examples):
     for alg in ("ipo", "simpo", "orpo"):
-        check_fingerprint(alg, paired_summary(paired_examples, alg))
+        remember(alg, paired_summary(paired_examples, alg))
         assert_preference_learned(paired_summary(paired_examples, alg))
 
 
@@ -77,8 +77,8 @@ def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed
     results = oxrl_side_by_side(example_args("dpo", tiny_model_dir, pre),
                                 example_args("dpo", tiny_model_dir, model, "train.reference=model"))
     precomputed, with_model = (summary_of(result, out, "dpo") for result, out in zip(results, (pre, model)))
-    check_fingerprint("dpo", precomputed)
-    check_fingerprint("dpo-reference-model", with_model)
+    remember("dpo", precomputed)
+    remember("dpo-reference-model", with_model)
     assert_preference_learned(precomputed)
     for a, b in zip(precomputed["history"], with_model["history"]):
         for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "grad_norm"):
@@ -90,7 +90,7 @@ def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed
 @pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_kto_example_widens_the_desirable_undesirable_margin(paired_examples):
     summary = paired_summary(paired_examples, "kto")
-    check_fingerprint("kto", summary)
+    remember("kto", summary)
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["eval_rewards/margins"] > before["eval_rewards/margins"]
     assert after["eval_rewards/desirable"] > 0 > after["eval_rewards/undesirable"]
@@ -100,7 +100,7 @@ def test_kto_example_widens_the_desirable_undesirable_margin(paired_examples):
 @pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_cpt_example_lowers_the_held_out_language_model_loss(paired_examples):
     summary = paired_summary(paired_examples, "cpt")
-    check_fingerprint("cpt", summary)
+    remember("cpt", summary)
     assert summary["eval_after"]["eval_loss"] < summary["eval_before"]["eval_loss"]
 
 
@@ -121,7 +121,7 @@ def other_tiny_model(tiny_model_dir, tmp_path_factory):
 @pytest.mark.slow  # the losses are unit-tested against float64 references; DPO's run covers the path
 def test_kd_example_brings_the_student_closer_to_the_teacher(paired_examples):
     summary = paired_summary(paired_examples, "kd")
-    check_fingerprint("kd", summary)
+    remember("kd", summary)
     assert summary["eval_after"]["eval_kl"] < summary["eval_before"]["eval_kl"]
 
 
@@ -146,7 +146,7 @@ def reward_model_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
 
 
 def test_rm_example_learns_to_rank_chosen_above_rejected(reward_model_run):
-    check_fingerprint("rm", reward_model_run)
+    remember("rm", reward_model_run)
     before, after = reward_model_run["eval_before"], reward_model_run["eval_after"]
     assert before["eval_rewards/accuracies"] < 0.5 < after["eval_rewards/accuracies"]
     assert after["eval_rewards/margins"] > before["eval_rewards/margins"]
@@ -204,7 +204,7 @@ def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxr
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "rlhf"
     summary = json.loads((run / "summary.json").read_text())
-    check_fingerprint("ppo-rlhf-reward-model", summary)
+    remember("ppo-rlhf-reward-model", summary)
     steps = summary["history"]
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     assert "reward_errors" not in summary
@@ -220,7 +220,7 @@ def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(ox
     summary = run_generating(oxrl, "online-dpo", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]",
                              f"data.val={prompts}", "reward.func=reward-model",
                              f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}")
-    check_fingerprint("online-dpo", summary)
+    remember("online-dpo", summary)
     first, second = summary["history"]
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)  # the policy starts as its reference
     assert first["tied_prompts_frac"] < 1 and first["rewards/margins"] == pytest.approx(0, abs=1e-4)
@@ -233,7 +233,7 @@ def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_thresh
     summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
                              "train.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
                              "train.rft_threshold=0.05")
-    check_fingerprint("rft", summary)
+    remember("rft", summary)
     first = summary["history"][0]
     assert 0 < first["rft_kept"] <= 16 * 4 and summary["history"][1]["loss"] < first["loss"]
     examples, refs, stats = torch.load(tmp_path / "rft" / "iteration-1.pt", weights_only=False)
@@ -267,7 +267,7 @@ def spin_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
 @pytest.mark.slow  # self-play's path runs in online DPO's run
 def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(spin_run):
     summary = json.loads((spin_run / "spin" / "summary.json").read_text())
-    check_fingerprint("spin", summary)
+    remember("spin", summary)
     assert len(summary["history"]) == 2
     for step in summary["history"]:  # each iteration's first step: policy == reference, so exactly log 2
         assert step["loss"] == pytest.approx(math.log(2), abs=1e-4)

@@ -16,7 +16,7 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.loops.guards import StalePolicyError, check_policy_version
 from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
-from fingerprint import check_fingerprint
+from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ REWARD_ERRORS = ("reward.func=rl_test_rewards:raises_on_odd_length", "reward.on_
 def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
     """Full-weight PPO runs in tests/integration/test_preference.py, on a trained reward model's scores (RLHF)."""
     run = two_step_run(alg, *extra)
-    check_fingerprint(f"{alg}{'-lora' if 'lora.enabled=true' in extra else ''}", json.loads((run / "summary.json").read_text()))
+    remember(f"{alg}{'-lora' if 'lora.enabled=true' in extra else ''}", json.loads((run / "summary.json").read_text()))
     steps = history(run)
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     for key in ("reward_mean", "reward_std", "accuracy", "response_length", "clip_frac", "entropy", "grad_norm",

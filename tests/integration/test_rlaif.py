@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fingerprint import check_fingerprint
+from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 OXRL, REPO = Path(sys.executable).parent / "oxrl", Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgmen
     judgments = [json.loads(line) for line in (run / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 2 * 16 and {j["call"] for j in judgments} == {1, 2}
     assert all("Question:\n" in j["judge_prompt"] and "Score: N" in j["judge_prompt"] for j in judgments)
-    check_fingerprint("cispo-judge", json.loads((run / "summary.json").read_text()))
+    remember("cispo-judge", json.loads((run / "summary.json").read_text()))
     history = json.loads((run / "summary.json").read_text())["history"]
     for step, judged in zip(history, (judgments[:16], judgments[16:])):
         assert 0 < step["time_judge_s"] <= step["time_reward_s"]

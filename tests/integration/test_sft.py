@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
-from fingerprint import check_fingerprint
+from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def hf_eval_loss(model, tokenizer_dir, val_file) -> float:
 def test_the_shipped_example_on_two_zero3_ranks_loss_falls_checkpoint_reloads_and_mlflow_has_the_run(shipped_sft_run):
     run = shipped_sft_run
     summary = json.loads((run / "summary.json").read_text())
-    check_fingerprint("sft", summary)
+    remember("sft", summary)
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000010", "checkpoint-000020"]
     assert (run / "ds" / "latest").read_text() == "step-30"
     assert (run / "checkpoint-000010" / "model.safetensors").is_file()

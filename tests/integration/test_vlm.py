@@ -22,7 +22,7 @@ from oxrl_core.data.records import load_prompts
 from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.preprocess.counting import QUESTIONS
-from fingerprint import check_fingerprint
+from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 QUESTION = QUESTIONS["image"]
@@ -62,7 +62,7 @@ def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl,
     result = oxrl(*example(alg, tmp_path, *rewarded), env={"PYTHONPATH": str(Path(__file__).parent)})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / f"vlm-{alg}-tiny" / "summary.json").read_text())
-    check_fingerprint(f"vlm-{alg}", summary)
+    remember(f"vlm-{alg}", summary)
     steps = summary["history"]
     assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps)
     if alg == "cispo":  # step 2 sampled with the images from the refreshed engine, whose logprobs are the trainer's
