@@ -2,6 +2,7 @@
 
 from rich.console import Console
 
+from oxrl_core.algs.base import Algorithm
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.loops.harness import StepHook, run_recipe
@@ -13,6 +14,9 @@ from oxrl_core.loops.recipes.supervised import OfflineSupervised
 def train(config: SLConfig | RLConfig, model_path: str, resume: bool, console: Console,
           on_step: StepHook | None = None) -> dict:
     """Train `config` (validated, `model_path` resolved: `loops.preflight`) and return the run's summary."""
-    algorithm = ALGORITHMS[config.train.alg]
-    recipe = PolicyGradient if algorithm.loop == "rl" else SelfPlaySupervised if algorithm.self_play else OfflineSupervised
-    return run_recipe(config, model_path, resume, console, recipe, on_step)
+    return run_recipe(config, model_path, resume, console, recipe_for(ALGORITHMS[config.train.alg]), on_step)
+
+
+def recipe_for(algorithm: Algorithm) -> type:
+    """The recipe an algorithm's record calls for."""
+    return PolicyGradient if algorithm.loop == "rl" else SelfPlaySupervised if algorithm.self_play else OfflineSupervised

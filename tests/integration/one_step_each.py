@@ -1,0 +1,100 @@
+"""One optimizer step of each named algorithm, from its shipped example, through its recipe and a real trainer rank.
+
+Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT ALG...`. For each
+algorithm it loads `examples/{alg}_tiny.yaml` as `oxrl train` does (preflight: defaults, the algorithm's checks),
+shrunk to one rank and a small batch, builds the harness's `Run` and the recipe `oxrl train` would, and calls the
+recipe's `start` and `step(1)`: the recipe reads the data, builds the micro-batches, computes reference and old
+logprobs and advantages, and the rank (`TrainEngine`, one gloo process, in-process) runs the algorithm's loss, its
+backward and the optimizer step. What stands in is the cluster's plumbing only: the group calls the rank directly,
+and the vLLM engines are a sampler that answers each prompt right on its even samples and wrong on its odd ones
+(the tokens of `<answer>...</answer>`), so every group's rewards differ. Writes `OUT/results.json`: per algorithm,
+the step's metrics and how far the trained weights moved.
+"""
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.cluster.placement import decide, local_gpus
+from oxrl_core.loops.harness import Run
+from oxrl_core.loops.preflight import load_rl_config, load_sl_config, placement_request, trainer_spec
+from oxrl_core.loops.train import recipe_for
+from oxrl_core.models.tokenizer import load_tokenizer
+from oxrl_core.rewards import resolve_reward
+from oxrl_core.rollout.engine import Completion, SampleRequest
+from oxrl_core.rollout.pool import RolloutPool
+from oxrl_core.training.engine import TrainEngine
+
+# The example each algorithm starts from where it has none of its own (GSPO-token is GSPO at the token level).
+EXAMPLE_OF = {"gspo-token": "gspo"}
+RL_BATCH = ["train.batch_size=8", "train.micro_batch_size=4", "train.grad_accum=2", "rollout.n_samples=4"]
+SL_BATCH = ["train.batch_size=4", "train.micro_batch_size=2", "train.grad_accum=2", "rollout.n_samples=2"]
+
+
+class OneRank:
+    """The training group's interface (`training/group.py`) over one rank in this process."""
+
+    def __init__(self, engine: TrainEngine):
+        self.engine, self.ranks = engine, [engine]
+
+    def call(self, method: str, *per_rank_args, **common) -> list:
+        return [getattr(self.engine, method)(*(args[0] for args in per_rank_args), **common)]
+
+
+class AnsweringSampler(RolloutPool):
+    """The rollout pool's interface without vLLM: sample j of a prompt answers it right when j is even, else wrong;
+    each sample carries the policy version of the last refresh, as an engine's do."""
+
+    def __init__(self, config, tokenizer, answers: dict[tuple, str]):
+        self.rollout, self.placement = config.rollout, decide(placement_request(config), local_gpus())
+        self.tokenizer, self.answers, self.version, self.engines = tokenizer, answers, 0, [[]]
+
+    def stream(self, requests: list[SampleRequest], groups: list[int], follow_up=None):
+        for r in requests:
+            answer = self.answers.get(tuple(r.prompt_ids), "") if r.key % 2 == 0 else "none"
+            ids = self.tokenizer.encode(f"<answer>{answer}</answer>", add_special_tokens=False)[:r.max_tokens - 1]
+            ids.append(self.tokenizer.eos_token_id)
+            yield Completion(r.key, ids, [-1.0] * len(ids), "stop", [(self.version, 0)])
+
+    def refresh(self, policy_version: int) -> None:
+        self.version = policy_version
+
+
+def one_step(alg: str, model_path: str, out: Path, port: int) -> dict:
+    algorithm = ALGORITHMS[alg]
+    example = Path("examples") / f"{EXAMPLE_OF.get(alg, alg)}_tiny.yaml"
+    overrides = [f"train.alg={alg}", f"model.name_or_path={model_path}", "run.train_ranks=1", "deepspeed.zero_stage=2",
+                 "train.warmup_steps=0",
+                 f"run.output_dir={out}", *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH)]
+    if algorithm.teacher:
+        overrides.append(f"train.teacher={model_path}")
+    config, path = (load_rl_config if algorithm.loop == "rl" else load_sl_config)(example, overrides)
+    tokenizer, pad_id = load_tokenizer(path)
+    reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if algorithm.rewards else None
+    run_dir = out / alg
+    run_dir.mkdir(parents=True)
+    run = Run(config, path, algorithm, Console(stderr=True), run_dir, {}, tokenizer, pad_id, reward_fn, None)
+    recipe = recipe_for(algorithm)(run)
+    data = getattr(recipe, "prompt_sets", None) or recipe.train_sets
+    answers = {tuple(p.prompt_ids): str(p.record.get("answer", "")) for s in data for p in s if hasattr(p, "record")}
+    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), out / alg / "logs")
+    run.group, run.pool = OneRank(engine), AnsweringSampler(config, tokenizer, answers) if algorithm.generates else None
+    trained = [p for p in engine.engine.module.parameters() if p.requires_grad]
+    before = torch.cat([p.detach().flatten() for p in trained]).clone()
+    recipe.start()
+    metrics = recipe.step(1)
+    moved = float((torch.cat([p.detach().flatten() for p in trained]) - before).abs().max())
+    del engine, run, recipe, trained
+    gc.collect()
+    return {"metrics": metrics, "weights_moved": moved}
+
+
+if __name__ == "__main__":
+    model, out, port, algs = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    results = {alg: one_step(alg, model, out, port) for alg in algs}
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))

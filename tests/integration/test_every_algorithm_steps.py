@@ -1,0 +1,58 @@
+"""Every algorithm, end to end on one step: its example's config through preflight, its recipe's batch (data, reference
+and old logprobs, advantages, self-play samples and their rewards) and the real rank's train step (loss, backward,
+AdamW step) on the tiny model (`one_step_each.py`; one gloo rank, in-process, the vLLM engines replaced by a sampler
+that answers half of the samples right). The CLI runs of the pipeline's variants (ZeRO-3, two ranks, vLLM, refresh,
+resume) are in test_rl.py, test_sft.py and test_preference.py; this is what proves each loss trains, in seconds."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS, SL_ALGS
+from oxrl_core.cluster.bundles import free_port
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).with_name("one_step_each.py")
+REPO = Path(__file__).resolve().parents[2]
+# What each family's step reports besides loss, grad_norm and lr: the recipe's and the loss's own metrics.
+RL_METRICS = {"accuracy", "reward_mean", "entropy", "clip_frac", "logprob_gap_kl", "policy_version", "response_length"}
+PAIR_METRICS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"}
+OWN_METRICS = {"ppo": {"value_loss"}, "grpo": {"kl_ref"}, "sgrpo": {"kl_ref"}, "dapo": {"groups_dropped"},
+               "sft": {"nll"}, "cpt": {"nll"}, "kd": {"nll", "kl"}, "rft": {"nll", "rft_kept"},
+               "kto": {"kl_baseline", "rewards/desirable", "rewards/undesirable"}, "orpo": PAIR_METRICS | {"log_odds_chosen"},
+               "dpo": PAIR_METRICS, "ipo": PAIR_METRICS, "simpo": PAIR_METRICS, "rm": PAIR_METRICS, "spin": PAIR_METRICS,
+               "online-dpo": PAIR_METRICS | {"reward_mean", "tied_prompts_frac"}}
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory, tiny_model_dir) -> dict:
+    out = tmp_path_factory.mktemp("one-step")
+    rank = subprocess.run([sys.executable, str(SCRIPT), str(tiny_model_dir), str(out), str(free_port()), *RL_ALGS, *SL_ALGS],
+                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert rank.returncode == 0, rank.stderr[-4000:]
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize("alg", [*RL_ALGS, *SL_ALGS])
+def test_each_algorithm_takes_an_optimizer_step_from_its_example_with_its_metrics(steps, alg):
+    step, algorithm = steps[alg], ALGORITHMS[alg]
+    metrics = step["metrics"]
+    assert math.isfinite(metrics["loss"]), metrics
+    assert 0 < metrics["grad_norm"] < math.inf, metrics
+    # AdamW's first step moves each weight by at most lr, and by lr where its gradient is far above eps
+    assert step["weights_moved"] == pytest.approx(metrics["lr"], rel=0.05), metrics
+    expected = (RL_METRICS if algorithm.loop == "rl" else set()) | OWN_METRICS.get(alg, set())
+    assert expected <= metrics.keys(), f"{alg} lacks {sorted(expected - metrics.keys())}"
+    if algorithm.loop == "rl":
+        # half of each group's samples answer right: the reward reached every sample, and each group varies
+        assert metrics["accuracy"] == 0.5 and metrics["policy_version"] == 1, metrics
+    if algorithm.dynamic_sampling:
+        assert metrics["groups_dropped"] == 0 and metrics["sampling_rounds"] == 1, metrics
+    if algorithm.self_play in ("passing", "best-over-worst"):
+        assert metrics.get("rft_reward_mean", metrics.get("reward_mean")) == 0.5, metrics
