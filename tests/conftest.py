@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny model (built once per session, offline), the `oxrl` console script, and one Ray
 cluster that the session's integration runs join."""
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 OXRL = Path(sys.executable).parent / "oxrl"
 REPO = Path(__file__).resolve().parents[1]
+FINGERPRINTS = REPO / "tests" / "integration" / "fingerprints.json"
 
 # The shared cluster's head: the cluster a run starts for itself (`start_ray`), held until pytest closes stdin.
 RAY_HEAD = """
@@ -36,16 +38,29 @@ ray.shutdown()
 """
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """The fingerprint comparisons run after the runs they compare. Under pytest-xdist (`make test-all`: two
-    workers) every integration test stays on one worker, in order: they share the session's Ray cluster and tiny
-    models, two vLLM engines at once need more memory than a small machine has, and the signal tests count what
-    is left in /dev/shm. The unit and CLI tests fill the other worker."""
-    items.sort(key=lambda item: item.path.name == "test_fingerprints.py")
-    for item in items:
+    """Under pytest-xdist (`make test-all`: two workers) the integration tests go first, each file's on one worker and
+    in order, so that its module fixtures train once; the files that start from the shipped SFT run share a worker,
+    so that the session fixture trains it once. Each fingerprint comparison goes to the worker of the run it compares,
+    after it (the runs are remembered in that worker's memory). The unit and CLI tests fill the gaps. Run serially,
+    the comparisons come last."""
+    from_sft = {item.path for item in items if "shipped_sft_run" in getattr(item, "fixturenames", ())}
+    group = {item.path: "shipped-sft" if item.path in from_sft else item.path.stem for item in items}
+    producers = {name: entry.get("test_file") for name, entry in json.loads(FINGERPRINTS.read_text()).items()}
+    comparisons = [item for item in items if item.path == FINGERPRINTS.with_name("test_fingerprints.py")]
+    ordered = sorted((item for item in items if item not in comparisons),
+                     key=lambda item: not item.get_closest_marker("integration"))
+    for item in ordered:
         if item.get_closest_marker("integration"):
-            item.add_marker(pytest.mark.xdist_group("stack"))
+            item.add_marker(pytest.mark.xdist_group(group[item.path]))
+    for item in comparisons:
+        producer = producers.get(item.callspec.params["name"])
+        runs = [i for i, run in enumerate(ordered) if run.path.name == producer]
+        if runs:
+            item.add_marker(pytest.mark.xdist_group(group[ordered[runs[-1]].path]))
+        ordered.insert(runs[-1] + 1 if runs else len(ordered), item)
+    items[:] = ordered
 
 
 def pytest_configure(config):
@@ -158,7 +173,7 @@ class SignalledRun:
     stderr: str
     seconds_to_exit: float  # from the signal to the exit
     leftover_processes: list[str]  # processes of the run alive after it exited
-    leftover_shm: list[str]  # /dev/shm entries the run made and left
+    leftover_shm: list[str]  # /dev/shm entries made during the run that no live process holds: the run's orphans
 
 
 @pytest.fixture(scope="session")
@@ -202,7 +217,7 @@ def oxrl_signalled():
             reader.join()
         time.sleep(2)  # what the run's exit kills needs a moment to go
         left = [f"{pid}: {_cmdline(pid)}" for pid in _pids_with(f"OXRL_TEST_MARKER={marker}".encode())]
-        shm = sorted(set(os.listdir("/dev/shm")) - shm_before)
+        shm = sorted(set(os.listdir("/dev/shm")) - shm_before - _shm_in_use())  # another worker's runs hold theirs
         return SignalledRun(returncode, "".join(lines), "".join(errors), seconds, left, shm)
 
     return run
@@ -217,6 +232,23 @@ def _pids_with(environ_entry: bytes) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             pass
     return pids
+
+
+def _shm_in_use() -> set[str]:
+    """The /dev/shm entries some live process has open or mapped."""
+    held = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):
+            held.update(line.split("/dev/shm/", 1)[1].split(" ")[0] for line in (entry / "maps").read_text().splitlines()
+                        if "/dev/shm/" in line)
+        with suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with suppress(OSError):
+                    if (target := os.readlink(fd)).startswith("/dev/shm/"):
+                        held.add(target.removeprefix("/dev/shm/"))
+    return held
 
 
 def _cmdline(pid: int) -> str:

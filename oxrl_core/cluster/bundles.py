@@ -3,7 +3,6 @@ bundle. A bundle is one GPU (and a CPU slot) on GPU clusters, one CPU slot on CP
 (colocated) each ask for half of it, so Ray can never put two trainer ranks on one GPU."""
 
 import json
-import socket
 from pathlib import Path
 
 import ray
@@ -11,6 +10,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from oxrl_core.cluster.placement import Placement
+from oxrl_core.cluster.ports import free_port
 from oxrl_core.cluster.watchdog import ActorWatch
 from oxrl_core.errors import OxrlError
 
@@ -100,12 +100,6 @@ class Reservation:
     @property
     def _groups(self) -> list:
         return [self._trainer, *self._engines, *([self._judge] if self._judge else [])]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 @ray.remote(num_cpus=0)

@@ -8,13 +8,13 @@ probe functions below run in that child; `Probe` runs them from the parent.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from oxrl_core.cluster.ports import free_port
 from oxrl_core.doctor.report import Check
 
 RESULT_MARK = "oxrl-probe-result: "  # engines print to stdout too; the result is the line with this mark
@@ -164,9 +164,7 @@ def all_reduce(backend: str) -> dict:
     """Two processes sum their rank + 1 with torch.distributed: the result must be 3 on both."""
     import torch.multiprocessing
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     start = time.perf_counter()
     torch.multiprocessing.spawn(_all_reduce_rank, args=(backend, port), nprocs=2)
     return {"backend": backend, "seconds": time.perf_counter() - start}

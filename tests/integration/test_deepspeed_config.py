@@ -16,11 +16,10 @@ import pytest
 pytestmark = pytest.mark.integration
 
 STEP = """
-import importlib, json, os, socket
+import importlib, json, os
 import torch
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+from oxrl_core.cluster.ports import free_port
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 from oxrl_core.config.schema import RLConfig, SLConfig

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS, SL_ALGS
-from oxrl_core.cluster.bundles import free_port
+from oxrl_core.cluster.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from oxrl_core.cluster.bundles import free_port
+from oxrl_core.cluster.ports import free_port
 
 pytestmark = pytest.mark.integration
 

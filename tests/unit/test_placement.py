@@ -9,7 +9,7 @@ import torch
 
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.cluster.bundles import free_port
+from oxrl_core.cluster.ports import free_port
 from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
 from oxrl_core.loops.preflight import placement_request
 from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
