@@ -35,7 +35,7 @@ def run_demo(console: Console, seed: int) -> dict:
     console.rule("1/2 SFT: learn the answer format")
     sft, sft_steps = train_demo_sft(console, files, seed, f"{name}-sft")
     console.rule("2/2 CISPO: reward right answers")
-    rl, rl_steps = train_demo_rl(console, files, sft["checkpoint"], seed, f"{name}-rl")
+    rl, rl_steps = train_demo_rl(console, files, sft["checkpoint"], seed, f"{name}-rl", RL_CONFIG)
     evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
     evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
     plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")

@@ -6,16 +6,19 @@ Reads the JUnit file `make test-all` (or `make test-slow`) writes. A test's time
 tear-down, so a module fixture's run counts in the first test that asks for it.
 """
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
+XDIST_GROUP = re.compile(r"@[\w.-]+$")  # pytest-xdist's loadgroup appends a test's group to its name
+
 
 def main(path: Path) -> None:
     if not path.is_file():
         sys.exit(f"{path}: no such file; `make test-all` writes it")
-    cases = [(float(c.get("time", 0)), c.get("classname", ""), c.get("name", ""), _outcome(c))
+    cases = [(float(c.get("time", 0)), c.get("classname", ""), XDIST_GROUP.sub("", c.get("name", "")), _outcome(c))
              for c in ET.parse(path).getroot().iter("testcase")]
     cases.sort(reverse=True)
     print(f"{len(cases)} tests, {sum(t for t, *_ in cases):.0f} s in all (summed over workers)\n")

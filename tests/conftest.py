@@ -140,13 +140,13 @@ def oxrl():
 
 @pytest.fixture(scope="session")
 def shipped_sft_run(tmp_path_factory, tiny_model_dir, oxrl, ray_address) -> Path:
-    """The shipped SFT example (ZeRO-3 on 2 ranks) for 30 steps, trained once: its metrics and checkpoints are
-    checked (tests/integration/test_sft.py), and its final model, which ends its answers, plays the environment
-    examples' episodes. (Session fixtures are set up before the per-test one that sets RAY_ADDRESS: this one
-    passes it itself.)"""
+    """The shipped SFT example as shipped (60 steps, ZeRO-3 on 2 ranks), trained once: its metrics and checkpoints
+    are checked (tests/integration/test_sft.py), and its final model, which the RL examples that start from it name,
+    plays DAPO's example and the environment examples' episodes. (Session fixtures are set up before the per-test
+    one that sets RAY_ADDRESS: this one passes it itself.)"""
     out = tmp_path_factory.mktemp("sft") / "runs"
-    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", "train.steps=30",
-                  "run.checkpoint_every=10", f"run.output_dir={out}", env={"RAY_ADDRESS": ray_address})
+    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={out}",
+                  env={"RAY_ADDRESS": ray_address})
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "sft-tiny"
 

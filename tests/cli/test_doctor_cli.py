@@ -64,7 +64,6 @@ def test_bad_timeout_is_a_usage_error(oxrl):
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # one RL step through the stack, which every RL integration run takes
 def test_smoke_runs_one_rl_step_through_the_real_stack(oxrl):
     result = oxrl("doctor", "--smoke", "--json")
     checks = checks_of(report_of(result))

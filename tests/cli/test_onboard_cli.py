@@ -87,7 +87,6 @@ def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl,
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # an SFT and an RL step, which the integration runs take
 def test_verify_runs_an_sft_and_an_rl_step_and_records_it(oxrl, tiny_model_dir, tmp_path):
     result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, "--verify")
     assert result.returncode == 0, result.stderr[-3000:]

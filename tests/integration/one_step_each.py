@@ -1,7 +1,8 @@
 """One optimizer step of each named algorithm, from its shipped example, through its recipe and a real trainer rank.
 
-Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT ALG...`. For each
-algorithm it loads `examples/{alg}_tiny.yaml` as `oxrl train` does (preflight: defaults, the algorithm's checks),
+Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT STEP...`, a STEP being
+an algorithm (`dpo`: its example, `examples/dpo_tiny.yaml`, on MODEL) or `ALG:EXAMPLE:MODEL` (`dpo:vlm_dpo_tiny:PATH`:
+another example and model, e.g. a multimodal family's). For each it loads the example as `oxrl train` does (preflight: defaults, the algorithm's checks),
 shrunk to one rank and a small batch, builds the harness's `Run` and the recipe `oxrl train` would, and calls the
 recipe's `start` and `step(1)`: the recipe reads the data, builds the micro-batches, computes reference and old
 logprobs and advantages, and the rank (`TrainEngine`, one gloo process, in-process) runs the algorithm's loss, its
@@ -16,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.console import Console
 
@@ -40,9 +42,11 @@ class OneRank:
     """The training group's interface (`training/group.py`) over one rank in this process."""
 
     def __init__(self, engine: TrainEngine):
-        self.engine, self.ranks = engine, [engine]
+        self.engine, self.ranks, self.trained_on_media = engine, [engine], False
 
     def call(self, method: str, *per_rank_args, **common) -> list:
+        if method == "train_step":  # the micro-batches carry the prompts' images or audio where the example has them
+            self.trained_on_media |= any("media" in batch for batch in per_rank_args[0][0])
         return [getattr(self.engine, method)(*(args[0] for args in per_rank_args), **common)]
 
 
@@ -56,7 +60,7 @@ class AnsweringSampler(RolloutPool):
 
     def stream(self, requests: list[SampleRequest], groups: list[int], follow_up=None):
         for r in requests:
-            answer = self.answers.get(tuple(r.prompt_ids), "") if r.key % 2 == 0 else "none"
+            answer = self.answers.get(prompt_key(r.prompt_ids, r.media), "") if r.key % 2 == 0 else "none"
             ids = self.tokenizer.encode(f"<answer>{answer}</answer>", add_special_tokens=False)[:r.max_tokens - 1]
             ids.append(self.tokenizer.eos_token_id)
             yield Completion(r.key, ids, [-1.0] * len(ids), "stop", [(self.version, 0)])
@@ -65,9 +69,13 @@ class AnsweringSampler(RolloutPool):
         self.version = policy_version
 
 
-def one_step(alg: str, model_path: str, out: Path, port: int) -> dict:
+def prompt_key(prompt_ids: list[int], media) -> tuple:
+    """A prompt's text and images: the squares task asks one question of many pictures."""
+    return tuple(prompt_ids), tuple(bytes(np.asarray(m).tobytes()) for m in media or ())
+
+
+def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> dict:
     algorithm = ALGORITHMS[alg]
-    example = Path("examples") / f"{EXAMPLE_OF.get(alg, alg)}_tiny.yaml"
     overrides = [f"train.alg={alg}", f"model.name_or_path={model_path}", "run.train_ranks=1", "deepspeed.zero_stage=2",
                  "train.warmup_steps=0",
                  f"run.output_dir={out}", *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH)]
@@ -76,25 +84,34 @@ def one_step(alg: str, model_path: str, out: Path, port: int) -> dict:
     config, path = (load_rl_config if algorithm.loop == "rl" else load_sl_config)(example, overrides)
     tokenizer, pad_id = load_tokenizer(path)
     reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if algorithm.rewards else None
-    run_dir = out / alg
+    run_dir = out / f"{Path(model_path).name}-{example.stem}-{alg}"
     run_dir.mkdir(parents=True)
     run = Run(config, path, algorithm, Console(stderr=True), run_dir, {}, tokenizer, pad_id, reward_fn, None)
     recipe = recipe_for(algorithm)(run)
     data = getattr(recipe, "prompt_sets", None) or recipe.train_sets
-    answers = {tuple(p.prompt_ids): str(p.record.get("answer", "")) for s in data for p in s if hasattr(p, "record")}
-    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), out / alg / "logs")
-    run.group, run.pool = OneRank(engine), AnsweringSampler(config, tokenizer, answers) if algorithm.generates else None
+    answers = {prompt_key(p.prompt_ids, p.media): str(p.record.get("answer", "")) for s in data for p in s
+               if hasattr(p, "record")}
+    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), run_dir / "logs")
+    group = run.group = OneRank(engine)
+    run.pool = AnsweringSampler(config, tokenizer, answers) if algorithm.generates else None
     trained = [p for p in engine.engine.module.parameters() if p.requires_grad]
     before = torch.cat([p.detach().flatten() for p in trained]).clone()
     recipe.start()
     metrics = recipe.step(1)
     moved = float((torch.cat([p.detach().flatten() for p in trained]) - before).abs().max())
-    del engine, run, recipe, trained
+    result = {"metrics": metrics, "weights_moved": moved, "trained_on_media": group.trained_on_media}
+    del engine, group, run, recipe, trained
     gc.collect()
-    return {"metrics": metrics, "weights_moved": moved}
+    return result
+
+
+def parse(step: str, model: str) -> tuple[str, Path, str]:
+    alg, _, rest = step.partition(":")
+    example, _, other_model = rest.partition(":")
+    return alg, Path("examples") / f"{example or EXAMPLE_OF.get(alg, alg) + '_tiny'}.yaml", other_model or model
 
 
 if __name__ == "__main__":
-    model, out, port, algs = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    results = {alg: one_step(alg, model, out, port) for alg in algs}
+    model, out, port, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    results = {step: one_step(*parse(step, model), out, port) for step in steps}
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))

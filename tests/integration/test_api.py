@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # the Python API calls the train() every CLI run takes
 def test_the_python_api_pages_snippet_trains_sft_then_rl(tmp_path, tiny_model_dir):
     [snippet] = [b.text for b in doc_pages.blocks("python") if "Trainer(" in b.text]
     # `oxrl-tiny` already built, as on any run after the first (the build itself is tested in test_tiny_model.py)

@@ -9,9 +9,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-# episodes are unit-tested (tests/unit/test_envs.py); these are whole runs
-@pytest.mark.parametrize("example", [pytest.param("cispo_tools_tiny", marks=pytest.mark.slow),
-                                     pytest.param("cispo_game_tiny", marks=pytest.mark.slow)])
+# the calculator's episodes are unit-tested (tests/unit/test_envs.py); the game's run is the whole suite's multi-turn run
+@pytest.mark.parametrize("example", [pytest.param("cispo_tools_tiny", marks=pytest.mark.slow), "cispo_game_tiny"])
 def test_two_cispo_steps_of_an_environment_example_train_the_policys_tokens_from_the_refreshed_engine(example, tmp_path,
                                                                                                       shipped_sft_run, oxrl):
     result = oxrl("train", "rl", "--config", f"examples/{example}.yaml", "train.steps=2", f"run.output_dir={tmp_path}",

@@ -29,10 +29,9 @@ def pid_in_placement(run: Path, actor: str) -> int:
 
 
 @pytest.mark.own_ray_cluster  # every process of the run is its own: none may outlive it, the stopped one included
-# Both in the long lane: the watchdog's deadlines, naming and stacks are unit-tested (tests/unit/test_watch.py); these
-# wait out real deadlines (minutes)
-@pytest.mark.parametrize("stuck, peer", [pytest.param("rank1", "rank0", marks=pytest.mark.slow),
-                                         pytest.param("engine0", "rank0", marks=pytest.mark.slow)],
+# The watchdog's deadlines, naming and stacks are unit-tested (tests/unit/test_watch.py); a run waits out a real
+# deadline (minutes): the trainer rank's in the whole suite, the engine's (and a resume after it) in the long lane
+@pytest.mark.parametrize("stuck, peer", [("rank1", "rank0"), pytest.param("engine0", "rank0", marks=pytest.mark.slow)],
                          ids=["trainer-rank", "vllm-engine"])
 def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resume(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled, stuck, peer):
@@ -70,7 +69,6 @@ def test_a_stopped_actor_ends_the_run_named_with_stacks_and_a_checkpoint_to_resu
         assert [h["step"] for h in json.loads((run / "summary.json").read_text())["history"]] == [2]  # trained again
 
 
-@pytest.mark.slow  # the crash report is unit-tested (tests/unit/test_crash_report.py); this is a whole run's
 def test_a_killed_engine_leaves_a_crash_report_that_oxrl_report_turns_into_an_issue_naming_it_and_the_step(
         tmp_path, tiny_model_dir, oxrl, oxrl_signalled):
     """The vLLM engine is killed in step 1's reward phase; the run fails at the refresh that follows."""

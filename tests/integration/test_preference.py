@@ -228,7 +228,7 @@ def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(ox
     assert "eval_reward_mean" in summary["eval_before"] and "eval_reward_mean" in summary["eval_after"]
 
 
-@pytest.mark.slow  # self-play's sampling and filtering run in online DPO's and SPIN's runs
+@pytest.mark.slow  # RFT's filtered step runs in the whole suite (test_every_algorithm_steps.py), self-play's sampling in online DPO's run
 def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(oxrl, tiny_model_dir, prompts, tmp_path):
     summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
                              "train.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
@@ -276,7 +276,7 @@ def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(s
     assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
 
 
-@pytest.mark.slow  # a resume; RL's and SFT's resumes run in the whole suite
+@pytest.mark.slow  # self-play's resume; RL's and a supervised one (KTO's, below) run in the whole suite
 def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as_the_whole_run(
         oxrl, spin_run, tiny_model_dir, tmp_path):
     """The resumed run must refresh vLLM with the restored weights before sampling iteration 2."""
@@ -295,7 +295,6 @@ def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
-@pytest.mark.slow  # a resume at another setting
 def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, oxrl_side_by_side,
                                                                                      tiny_model_dir, tmp_path):
     """A resume must reuse the reference logprobs precomputed by the starting model, not recompute them."""

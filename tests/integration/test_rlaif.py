@@ -23,7 +23,6 @@ def rlaif_args(tiny_model_dir, out, *overrides):
             "reward.on_error=0.25", *overrides]
 
 
-@pytest.mark.slow  # a judge's run; its scoring and parsing are unit-tested (tests/unit/test_judge.py)
 def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgments_and_time_it(tmp_path, tiny_model_dir,
                                                                                              oxrl):
     result = oxrl(*rlaif_args(tiny_model_dir, tmp_path, "train.steps=2"))

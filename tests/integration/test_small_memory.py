@@ -49,7 +49,6 @@ def rl_step(tiny_model_dir, out):
 
 
 @pytest.mark.own_ray_cluster  # the probe is patched in the processes the run starts, Ray's workers among them
-@pytest.mark.slow  # a whole run on the patched probe; the next test checks the probe's patch and the refusal
 def test_the_shipped_rl_example_runs_as_is_on_a_4_gib_node(tmp_path, tiny_model_dir, oxrl):
     """CISPO's example as shipped (its data, the math reward, its eval set) on a node that reports 4 GiB. SGRPO's and
     PPO's examples differ from it in their algorithm's settings, which tests/integration/test_rl.py runs; they are

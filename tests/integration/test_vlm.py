@@ -52,9 +52,9 @@ def sft_run(sft_runs) -> Path:
     return sft_runs["full"]
 
 
-# Both in the long lane: images are a data concern, and the whole suite runs DPO and CISPO with images on SmolVLM and
-# with audio (test_each_multimodal_family_... below), and a refreshed Qwen2-VL engine scoring image prompts as the
-# trainer does (test_a_refreshed_engine_scores_an_image_prompt_...)
+# Both in the long lane: images are a data concern; the whole suite runs each image family's SFT, DPO and CISPO step on
+# the examples' images (test_every_algorithm_steps.py), these loops through the CLI with audio (the family test below)
+# and a refreshed Qwen2-VL engine scoring image prompts as the trainer does (test_a_refreshed_engine_scores_...)
 @pytest.mark.parametrize("alg", [pytest.param("dpo", marks=pytest.mark.slow), pytest.param("cispo", marks=pytest.mark.slow)])
 def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl, alg):
     # CISPO: a reward (share of digits in the response) that gives a signal on the random weights, so the step trains
@@ -79,12 +79,14 @@ def family_example(family: str, model: Path, alg: str, out: Path, *overrides: st
             f"run.output_dir={out / alg}", f"run.name={alg}", f"model.name_or_path={model}", *overrides]
 
 
-# Qwen3-VL and SmolVLM share the image path of the Qwen2-VL runs of the whole suite (their sizes, tiles, deepstack and
-# vLLM models aside): their runs, 3-4 minutes each, are in the long lane; each tiny model is built and onboarded in the
-# whole suite (tests/cli/test_onboard_cli.py) and its processor's tokens are unit-tested (tests/unit/test_media.py).
-# Audio, the one family of its modality, runs in the whole suite.
-@pytest.mark.parametrize("family", [pytest.param("qwen3_vl", marks=pytest.mark.slow),
-                                    pytest.param("smolvlm", marks=pytest.mark.slow), "audio"])
+# Qwen3-VL's and SmolVLM's runs through the CLI, 3-4 minutes each, are in the long lane: what is their own is checked
+# in the whole suite: each family's SFT, DPO and CISPO step on images (test_every_algorithm_steps.py), its tiny model
+# built and onboarded (tests/cli/test_onboard_cli.py) and its processor's tokens (tests/unit/test_media.py). Their
+# vLLM models' agreement with the trainer after a refresh is checked here only.
+# Audio's SFT and DPO through the CLI are in the long lane too: their steps on its clips run in the whole suite, and its
+# CISPO run through the CLI below.
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_vl", "smolvlm", "audio"])
 def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engine_samples_as_the_trainer_scores(
         tmp_path, request, family, oxrl, oxrl_side_by_side):
     """The shipped examples with each family's tiny model through the CLI: Qwen3-VL (32 pixels an image token,
@@ -103,6 +105,18 @@ def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engin
     for alg in ("sft", "dpo", "cispo"):
         steps = json.loads((tmp_path / alg / alg / "summary.json").read_text())["history"]
         assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps), (family, alg)
+    assert steps[1]["policy_version"] == 2 and steps[1]["logprob_gap_abs"] < 1e-5
+
+
+def test_the_audio_cispo_example_trains_two_steps_and_its_refreshed_engine_samples_as_the_trainer_scores(
+        tmp_path, tiny_audio_model_dir, oxrl):
+    """Qwen2-Audio through the CLI: vLLM's model of the family takes the trainer's weights and hears the clips as the
+    trainer does: after a refresh the sampler-trainer gap per response token is below 1e-5 (see above)."""
+    result = oxrl(*family_example("audio", tiny_audio_model_dir, "cispo", tmp_path, "reward.func=rl_test_rewards:digit_share"),
+                  env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = json.loads((tmp_path / "cispo" / "cispo" / "summary.json").read_text())["history"]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps)
     assert steps[1]["policy_version"] == 2 and steps[1]["logprob_gap_abs"] < 1e-5
 
 
@@ -205,7 +219,6 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         group.shutdown()
 
 
-@pytest.mark.slow  # `oxrl eval` of text models runs in test_eval.py; vLLM answers image prompts above
 def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, oxrl):
     result = oxrl("eval", "--model", sft_run / "final", "--data", "examples/data/squares_rl_val.jsonl", "--reward", "math",
                   "--n", "2", "--max-tokens", "8", "--out", tmp_path)
@@ -214,7 +227,6 @@ def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, o
     assert summary["samples"] == 64 * 2 and 0 <= summary["metrics"]["pass@1"] <= 1
 
 
-@pytest.mark.slow  # LoRA merging runs for text in test_sft.py
 def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, sft_runs, oxrl):
     from safetensors.torch import load_file
 
