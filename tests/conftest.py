@@ -21,6 +21,9 @@ from oxrl_core.models.tiny import (TINY_AUDIO_MODEL_NAME, TINY_QWEN3_VL_MODEL_NA
 # Nothing in the suite may touch the network, and nothing may write into the checkout.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# vLLM's own level, which the runs inherit: tests read its lines in engine logs, and TRL (imported by the tests that
+# compare losses with it) sets it to ERROR for the whole process where it is unset.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
 
 OXRL = Path(sys.executable).parent / "oxrl"
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,6 @@ def assert_every_step_filled_its_groups(steps: list[dict]) -> None:
     assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from the refreshed engine
 
 
-@pytest.mark.quick
 def test_the_shipped_dapo_example_fills_its_groups_at_every_step(tmp_path, shipped_sft_run, oxrl):
     steps = dapo_example(oxrl, shipped_sft_run, tmp_path, seed=0)
     assert_every_step_filled_its_groups(steps)
