@@ -33,7 +33,8 @@ def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgmen
     starts = (run / "logs" / "judge.log").read_text().count("Initializing a V1 LLM engine")
     assert starts == 1
     judgments = [json.loads(line) for line in (run / "judgments.jsonl").read_text().splitlines()]
-    assert len(judgments) == 2 * 16 and {j["call"] for j in judgments} == {1, 2}
+    # one call per prompt group (a step's 16 samples are 4 prompts' groups of 4), each judged as it is sampled
+    assert len(judgments) == 2 * 16 and [j["call"] for j in judgments] == [1 + i // 4 for i in range(2 * 16)]
     assert all("Question:\n" in j["judge_prompt"] and "Score: N" in j["judge_prompt"] for j in judgments)
     remember("cispo-judge", json.loads((run / "summary.json").read_text()))
     history = json.loads((run / "summary.json").read_text())["history"]
