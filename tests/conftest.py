@@ -244,8 +244,8 @@ def _shm_in_use() -> set[str]:
         if not entry.name.isdigit():
             continue
         with suppress(OSError):
-            held.update(line.split("/dev/shm/", 1)[1].split(" ")[0] for line in (entry / "maps").read_text().splitlines()
-                        if "/dev/shm/" in line)
+            maps = (entry / "maps").read_text().splitlines()
+            held.update(line.split("/dev/shm/", 1)[1].split(" ")[0] for line in maps if "/dev/shm/" in line)
         with suppress(OSError):
             for fd in (entry / "fd").iterdir():
                 with suppress(OSError):

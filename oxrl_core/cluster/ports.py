@@ -12,7 +12,7 @@ MEETING_PORTS_START = 20000
 
 def free_port() -> int:
     """A port free on this node, below the ephemeral range where the kernel allows it."""
-    ports = range(MEETING_PORTS_START, _ephemeral_ports_start())
+    ports = range(MEETING_PORTS_START, ephemeral_ports_start())
     for port in random.SystemRandom().sample(ports, min(len(ports), 100)):  # not the seeded global generator
         with socket.socket() as s:
             try:
@@ -25,7 +25,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ephemeral_ports_start() -> int:
+def ephemeral_ports_start() -> int:
+    """The first port of the range the kernel gives outgoing connections (and bind(0))."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):  # not Linux: the range IANA assigns to ephemeral ports

@@ -2,14 +2,15 @@
 
 Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT STEP...`, a STEP being
 an algorithm (`dpo`: its example, `examples/dpo_tiny.yaml`, on MODEL) or `ALG:EXAMPLE:MODEL` (`dpo:vlm_dpo_tiny:PATH`:
-another example and model, e.g. a multimodal family's). For each it loads the example as `oxrl train` does (preflight: defaults, the algorithm's checks),
-shrunk to one rank and a small batch, builds the harness's `Run` and the recipe `oxrl train` would, and calls the
-recipe's `start` and `step(1)`: the recipe reads the data, builds the micro-batches, computes reference and old
-logprobs and advantages, and the rank (`TrainEngine`, one gloo process, in-process) runs the algorithm's loss, its
-backward and the optimizer step. What stands in is the cluster's plumbing only: the group calls the rank directly,
-and the vLLM engines are a sampler that answers each prompt right on its even samples and wrong on its odd ones
-(the tokens of `<answer>...</answer>`), so every group's rewards differ. Writes `OUT/results.json`: per algorithm,
-the step's metrics and how far the trained weights moved.
+another example and model, e.g. a multimodal family's). For each it loads the example as `oxrl train` does
+(preflight: defaults, the algorithm's checks), shrunk to one rank and a small batch, builds the harness's `Run` and
+the recipe `oxrl train` would, and calls the recipe's `start` and `step(1)`: the recipe reads the data, builds the
+micro-batches, computes reference and old logprobs and advantages, and the rank (`TrainEngine`, one gloo process,
+in-process) runs the algorithm's loss, its backward and the optimizer step. What stands in is the cluster's plumbing
+only: the group calls the rank directly, and the vLLM engines are a sampler that answers each prompt right on its
+even samples and wrong on its odd ones (the tokens of `<answer>...</answer>`), so every group's rewards differ.
+Writes `OUT/results.json`: per STEP, its metrics, how far the trained weights moved and whether its micro-batches
+carried media.
 """
 
 import gc

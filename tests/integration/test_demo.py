@@ -31,7 +31,8 @@ main()
 
 
 def table_rows(stdout: str) -> dict[str, str]:
-    return {line.split("│")[1].strip(): line.split("│")[2].strip() for line in stdout.splitlines() if line.count("│") == 3}
+    rows = [line.split("│") for line in stdout.splitlines() if line.count("│") == 3]
+    return {row[1].strip(): row[2].strip() for row in rows}
 
 
 def curves_of(stdout: str) -> Path:

