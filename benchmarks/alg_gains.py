@@ -24,7 +24,7 @@ from oxrl_core.demo import RL_CONFIG
 ALGS = ["grpo", "dapo", "gspo", "dr-grpo", "rloo", "reinforce++", "reinforce++-baseline"]
 # a run: its algorithm and settings; the demo's own RL (CISPO, no std scaling of advantages; with --steps 300 its
 # length too) strictly on-policy, at lag 1 and asynchronous with a staleness bound of 2
-DEMO = ("train.adv_std_norm=none",)
+DEMO = ("train.cispo.adv_std_norm=none",)
 RUNS = {alg: (alg, ()) for alg in ALGS} | {
     "cispo": ("cispo", DEMO), "cispo-lag1": ("cispo", (*DEMO, "rollout.lag=1")),
     "cispo-async2": ("cispo", (*DEMO, "rollout.max_staleness=2"))}
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     config = args.out.with_suffix(".rl.yaml")  # the demo's RL settings without CISPO's choice of advantage
     settings = yaml.safe_load(RL_CONFIG.read_text())
-    for key in ("alg", "adv_std_norm"):
+    for key in ("alg", "cispo"):
         settings["train"].pop(key)
     settings["train"]["eval_every"] = 0  # before and after only: evaluation does not touch training
     config.write_text(yaml.safe_dump(settings))

@@ -39,7 +39,7 @@ ALG = "cispo"  # the loss every train step here runs
 
 def loss_args(config, micro_batches: list[dict]):
     """CISPO's loss arguments for one step over `micro_batches`: every rank's of the step, in one flat list."""
-    return ALGORITHMS[ALG].args(config.train, GlobalBatch(micro_batches, max_len=float(config.rollout.max_tokens)))
+    return ALGORITHMS[ALG].args(config.train.settings, GlobalBatch(micro_batches, max_len=float(config.rollout.max_tokens)))
 
 
 def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
@@ -86,7 +86,7 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
             for batch, logprobs in zip(rank_batches, rank_old):
                 batch["old_logprobs"], batch["is_weights"] = logprobs, torch.ones_like(logprobs)  # no correction
         start = time.perf_counter()
-        result = group.call("train_step", per_rank, alg=ALG, args=args, with_entropy=True)[0]
+        result = group.call("train_step", per_rank, loss=ALGORITHMS[ALG].loss, args=args, with_entropy=True)[0]
         train_s.append(time.perf_counter() - start)
     group.shutdown()
     train, logprobs = sum(train_s[1:]) / steps, sum(logprob_s[1:]) / steps  # after the warm-up step

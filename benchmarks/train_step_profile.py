@@ -21,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from oxrl_core.algs.base import LossArgs
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import free_port
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
@@ -66,7 +67,7 @@ def main() -> None:
         print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s", file=report, flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rank == 0 else nullcontext() as prof:
         start = time.perf_counter()
-        engine.train_step(batches[:8], alg=ALG, args=loss, with_entropy=True)
+        engine.train_step(batches[:8], loss=ALGORITHMS[ALG].loss, args=loss, with_entropy=True)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     if rank:
@@ -116,7 +117,7 @@ def timed_step(engine: TrainEngine, batches: list[dict], loss: LossArgs) -> tupl
         batch["old_logprobs"], batch["is_weights"] = logprobs, torch.ones_like(logprobs)  # no correction
     torch.cuda.synchronize()
     middle = time.perf_counter()
-    engine.train_step(batches, alg=ALG, args=loss, with_entropy=True)
+    engine.train_step(batches, loss=ALGORITHMS[ALG].loss, args=loss, with_entropy=True)
     torch.cuda.synchronize()
     return middle - start, time.perf_counter() - middle
 

@@ -203,9 +203,11 @@ def _config(args, *extra: str):
 def trl_arguments(config, out: Path, on_gpu: bool) -> dict:
     """GRPOConfig fields for the run `config` describes (one rank, one engine, full-weight CISPO)."""
     train, rollout, model = config.train, config.rollout, config.model
+    cispo = train.settings
     unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo",
-                   "train.loss_agg (TRL's cispo aggregates over the batch's tokens: token-mean)": train.loss_agg != "token-mean",
-                   "train.kl_coeff": train.kl_coeff > 0, "lora.enabled": config.lora.enabled,
+                   "train.cispo.loss_agg (TRL's cispo aggregates over the batch's tokens: token-mean)":
+                       getattr(cispo, "loss_agg", "token-mean") != "token-mean",
+                   "lora.enabled": config.lora.enabled,
                    "run.train_ranks": config.run.train_ranks != 1, "rollout.engines": rollout.engines != 1,
                    "rollout.tensor_parallel_size": rollout.tensor_parallel_size != 1,
                    "model.dtype=float16": model.dtype == "float16",
@@ -227,7 +229,7 @@ def trl_arguments(config, out: Path, on_gpu: bool) -> dict:
         gradient_checkpointing=model.gradient_checkpointing,
         # CISPO: oxrl caps the detached weight at 1 + clip_high (and floors it at 1 - clip_low); TRL caps it at
         # epsilon_high and has no floor
-        loss_type="cispo", epsilon_high=1.0 + train.clip_high, beta=0.0, scale_rewards=train.adv_std_norm,
+        loss_type="cispo", epsilon_high=1.0 + cispo.clip_high, beta=0.0, scale_rewards=cispo.adv_std_norm,
         mask_truncated_completions=rollout.mask_truncated,
         temperature=rollout.temperature, top_p=rollout.top_p, max_completion_length=rollout.max_tokens,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=rollout.gpu_memory_utilization,

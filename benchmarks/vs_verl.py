@@ -88,10 +88,9 @@ def verl_entry(config) -> str:
 def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> list[str]:
     """`verl_entry(config)`'s overrides for the run `config` describes: full weights, CISPO, no KL; colocated and
     strictly on-policy, or split at a lag of 1."""
-    train, rollout = config.train, config.rollout
+    train, rollout, cispo = config.train, config.rollout, config.train.settings
     one_step_off = verl_entry(config) != "verl.trainer.main_ppo"
-    unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo", "train.kl_coeff": train.kl_coeff > 0,
-                   "lora.enabled": config.lora.enabled,
+    unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo", "lora.enabled": config.lora.enabled,
                    "rollout.placement=split (mapped at rollout.lag=1 only)": rollout.placement == "split" and not one_step_off,
                    "rollout.lag (mapped at 1 with rollout.placement=split only)": rollout.lag > 0 and not one_step_off,
                    "rollout.max_staleness (verl's fully asynchronous trainer is not mapped)": rollout.max_staleness > 0,
@@ -126,8 +125,8 @@ def verl_overrides(config, paths: dict, gpus: int, steps: int, on_gpu: bool) -> 
         # one optimizer step a training step, over all of the step's samples
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_step}", "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={train.micro_batch_size}",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"actor_rollout_ref.actor.loss_agg_mode={train.loss_agg}",
-        f"actor_rollout_ref.actor.clip_ratio_low={train.clip_low}", f"actor_rollout_ref.actor.clip_ratio_high={train.clip_high}",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"actor_rollout_ref.actor.loss_agg_mode={cispo.loss_agg}",
+        f"actor_rollout_ref.actor.clip_ratio_low={cispo.clip_low}", f"actor_rollout_ref.actor.clip_ratio_high={cispo.clip_high}",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}",
         # verl holds a micro-batch's float32 logits whole (oxrl's fused head never does): at oxrl's 4 x 32 sequences of

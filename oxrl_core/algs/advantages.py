@@ -2,7 +2,7 @@
 
 An estimator works in place on a step's micro-batches (every rank's, in order), after the trainer's logprobs are
 known. Each micro-batch holds its samples' `rewards` [B] and `group_ids` [B] (the prompt each came from),
-`response_mask` and `old_logprobs` [B, T-1], `ref_logprobs` [B, T-1] when train.kl_coeff > 0, and PPO's
+`response_mask` and `old_logprobs` [B, T-1], `ref_logprobs` [B, T-1] when its kl_coeff > 0, and PPO's
 `old_values` [B, T-1]. It writes `advantages`: [B] for one per sample, [B, T-1] for one per token.
 """
 
@@ -88,23 +88,23 @@ def _scatter(batches: list[Batch], advantages: torch.Tensor) -> None:
         b["advantages"] = part
 
 
-def group_relative(batches: list[Batch], train) -> None:
-    """GRPO's family: group-centred rewards, scaled by `train.adv_std_norm`."""
+def group_relative(batches: list[Batch], settings) -> None:
+    """GRPO's family: group-centred rewards, scaled by its `adv_std_norm`."""
     rewards, group_ids = _gathered(batches, "rewards"), _gathered(batches, "group_ids")
-    _scatter(batches, group_advantages(rewards, group_ids, train.adv_std_norm))
+    _scatter(batches, group_advantages(rewards, group_ids, settings.adv_std_norm))
 
 
-def rloo(batches: list[Batch], train) -> None:
+def rloo(batches: list[Batch], settings) -> None:
     """Leave-one-out advantages; with kl_coeff > 0 each reward first loses kl_coeff x its sample's summed k1 KL to
     the reference, sum_t (old_t - ref_t), as in RLOO's paper and TRL."""
     rewards, group_ids = _gathered(batches, "rewards"), _gathered(batches, "group_ids")
-    if train.kl_coeff > 0:
+    if settings.kl_coeff > 0:
         kl = torch.cat([((b["old_logprobs"] - b["ref_logprobs"]) * b["response_mask"]).sum(-1) for b in batches])
-        rewards = rewards - train.kl_coeff * kl
+        rewards = rewards - settings.kl_coeff * kl
     _scatter(batches, leave_one_out(rewards, group_ids))
 
 
-def _token_advantages(batches: list[Batch], rewards: torch.Tensor, train, lam: float, critic: bool) -> None:
+def _token_advantages(batches: list[Batch], rewards: torch.Tensor, settings, lam: float, critic: bool) -> None:
     """Per token: each sequence's reward sits on its last response token, less a per-token k1 KL penalty to the
     reference when kl_coeff > 0 (InstructGPT's shaping); GAE over the critic's old values (or none: then the
     discounted return) gives `advantages` and `returns` [B, T-1]; unless adv_std_norm is none, advantages are
@@ -114,32 +114,32 @@ def _token_advantages(batches: list[Batch], rewards: torch.Tensor, train, lam: f
         token_rewards = torch.zeros_like(mask)
         last = (mask * torch.arange(mask.shape[1])).argmax(-1)  # prediction-aligned index of each last token
         token_rewards[torch.arange(len(mask)), last] = sequence_rewards * mask.amax(-1)
-        if train.kl_coeff > 0:
-            token_rewards -= train.kl_coeff * (b["old_logprobs"] - b["ref_logprobs"]) * mask
+        if settings.kl_coeff > 0:
+            token_rewards -= settings.kl_coeff * (b["old_logprobs"] - b["ref_logprobs"]) * mask
         values = b["old_values"] if critic else torch.zeros_like(mask)
-        b["advantages"], b["returns"] = gae(token_rewards, values, mask, train.gamma, lam)
-    if train.adv_std_norm != "none":
+        b["advantages"], b["returns"] = gae(token_rewards, values, mask, settings.gamma, lam)
+    if settings.adv_std_norm != "none":
         tokens = torch.cat([b["advantages"][b["response_mask"] > 0] for b in batches])
         mean, std = tokens.mean(), tokens.std(unbiased=False)
         for b in batches:
             b["advantages"] = (b["advantages"] - mean) / (std + 1e-6) * b["response_mask"]
 
 
-def gae_advantages(batches: list[Batch], train) -> None:
+def gae_advantages(batches: list[Batch], settings) -> None:
     """PPO: GAE from its critic's old values."""
-    _token_advantages(batches, _gathered(batches, "rewards"), train, train.lam, critic=True)
+    _token_advantages(batches, _gathered(batches, "rewards"), settings, settings.lam, critic=True)
 
 
-def reinforce_pp(batches: list[Batch], train) -> None:
+def reinforce_pp(batches: list[Batch], settings) -> None:
     """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262): the discounted return of the KL-shaped token rewards,
     normalised over the whole batch (no critic, no per-prompt baseline)."""
-    _token_advantages(batches, _gathered(batches, "rewards"), train, lam=1.0, critic=False)
+    _token_advantages(batches, _gathered(batches, "rewards"), settings, lam=1.0, critic=False)
 
 
-def reinforce_pp_baseline(batches: list[Batch], train) -> None:
+def reinforce_pp_baseline(batches: list[Batch], settings) -> None:
     """REINFORCE++-baseline: the same, after each reward loses its group's mean reward."""
     rewards, group_ids = _gathered(batches, "rewards"), _gathered(batches, "group_ids")
-    _token_advantages(batches, group_advantages(rewards, group_ids, "none"), train, lam=1.0, critic=False)
+    _token_advantages(batches, group_advantages(rewards, group_ids, "none"), settings, lam=1.0, critic=False)
 
 
 ESTIMATORS: dict[str, Callable[[list[Batch], object], None]] = {  # the names of `base.Estimator`

@@ -6,13 +6,10 @@ summing this over micro-batches gives the loss of the whole batch at once.
 """
 
 from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
 from oxrl_core.algs.base import GlobalBatch, LossArgs
-
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+from oxrl_core.algs.settings import LossAgg
 
 
 def aggregate(
@@ -56,7 +53,7 @@ class PolicyLossArgs(LossArgs):
     max_len: float  # rollout.max_tokens: Dr. GRPO's constant
 
     @staticmethod
-    def common(train, batch: GlobalBatch) -> dict:
-        """These fields from the config's `train` section and the step's batch."""
-        return dict(clip_low=train.clip_low, clip_high=train.clip_high, loss_agg=train.loss_agg, num_tokens=batch.tokens(),
+    def common(settings, batch: GlobalBatch) -> dict:
+        """These fields from the algorithm's settings and the step's batch."""
+        return dict(clip_low=settings.clip_low, clip_high=settings.clip_high, loss_agg=settings.loss_agg, num_tokens=batch.tokens(),
                     num_seqs=batch.sequences(), max_len=batch.max_len)

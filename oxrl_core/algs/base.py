@@ -2,21 +2,23 @@
 
 A loss adapter (`Algorithm.loss`) reads the model's outputs (`logprobs`, and for PPO `values` and `entropy`, all
 [B, T-1]; KD's `logits` and `teacher_logits` [B, T-1, V]; a reward model's `scores` [B]) and the micro-batch, and
-calls the algorithm's pure loss function with its typed arguments (`Algorithm.args`: hyper-parameters from the
-config's `train` section and the global batch's normalisers). Pair algorithms see one micro-batch of N pairs as 2N
+calls the algorithm's pure loss function with its typed arguments (`Algorithm.args`: hyper-parameters from its
+settings, the config's `train.<alg>` block (`settings.py`), and the global batch's normalisers). Pair algorithms see one micro-batch of N pairs as 2N
 rows: the chosen sides first, then the rejected sides in the same order.
 """
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
 
+from oxrl_core.algs.settings import Settings
 from oxrl_core.errors import OxrlError
 
 Batch = dict[str, torch.Tensor]
 LossResult = tuple[torch.Tensor, dict[str, torch.Tensor]]  # the micro-batch's share of the loss, metric sums
+BatchLoss = Callable[[Batch, Batch, Any], LossResult]  # (model outputs, micro-batch, args): `Algorithm.loss`
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ class GlobalBatch:
 
 
 # Where an algorithm's reference logprobs come from. none: it has none; configurable: computed once by the
-# starting model, or by a frozen reference model at every step (`train.reference`); model: always the frozen model;
-# iteration: the policy at each iteration's start, computed then (SPIN); kl: a frozen model when `train.kl_coeff` > 0.
+# starting model, or by a frozen reference model at every step (its `reference` setting); model: always the frozen
+# model; iteration: the policy at each iteration's start, computed then (SPIN); kl: a frozen model when its `kl_coeff`
+# setting is above 0.
 Reference = Literal["none", "configurable", "model", "iteration", "kl"]
 # RL: how the advantages are estimated (`advantages.ESTIMATORS`): group-relative (GRPO's), leave-one-out (RLOO), the
 # batch-normalised discounted return with or without a group baseline (REINFORCE++), or GAE from a critic (PPO).
@@ -78,25 +81,23 @@ class Algorithm:
     name: str  # what users type: --alg NAME
     loop: Literal["sl", "rl"]
     data: Literal["conversations", "pairs", "unpaired", "text", "prompts", "demonstrations"]  # what data.train holds
-    loss: Callable[[Batch, Batch, Any], LossResult]  # (model outputs, micro-batch, args)
-    args: Callable[[Any, GlobalBatch], LossArgs]  # (the config's train section, the step's global batch)
+    loss: BatchLoss  # (model outputs, micro-batch, args); the trainer ranks receive it with each step
+    args: Callable[[Any, GlobalBatch], LossArgs]  # (its settings, the step's global batch)
+    settings: type[Settings] = Settings  # its `train.<alg>` block
     reference: Reference = "none"
     critic: bool = False  # a value head trains beside the policy (PPO)
-    teacher: bool = False  # a frozen teacher's logits (`train.teacher`) come with the outputs (KD)
+    teacher: bool = False  # a frozen teacher's logits (its `teacher` setting) come with the outputs (KD)
     scalar_head: bool = False  # the model trained is a reward model: a scalar head, saved as a sequence classifier
     # Self-play supervised algorithms: what they build from the policy's samples, and how often.
     # passing: the samples whose reward reaches a threshold; against-demonstration: (demonstration, sample) pairs;
     # best-over-worst: each prompt's best-rewarded sample over its worst.
     self_play: Literal["passing", "against-demonstration", "best-over-worst"] | None = None
-    per_iteration: bool = False  # self-play: a new training set each of `train.iterations`, else every step
+    per_iteration: bool = False  # self-play: a new training set each of its `iterations`, else every step
     advantages: Estimator | None = None  # RL
     episodes: bool = False  # RL: trains on multi-turn episodes (rollout.env)
     # RL: a group whose samples all got the same reward carries no signal; it is dropped and more prompts are sampled
-    # until the batch is full (DAPO's dynamic sampling, at most `rollout.max_sampling_rounds` rounds a step)
+    # until the batch is full (DAPO's dynamic sampling, at most its `max_sampling_rounds` rounds a step)
     dynamic_sampling: bool = False
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # `train` settings it runs with unless the config sets them
-    # `train` settings its definition fixes, each with why: it would ignore them, so a config that sets one is refused
-    fixed: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None  # its own checks of the run config, before any engine starts
 
     @property
@@ -109,14 +110,14 @@ class Algorithm:
         """Whether its samples are scored by `reward.func` (SPIN's are not: it pairs them against demonstrations)."""
         return self.loop == "rl" or self.self_play in ("passing", "best-over-worst")
 
-    def reference_model(self, train) -> bool:
+    def reference_model(self, settings: Settings) -> bool:
         """Whether a frozen copy of the starting model runs beside the policy at every step."""
-        return (self.reference == "model" or (self.reference == "configurable" and train.reference == "model")
-                or (self.reference == "kl" and train.kl_coeff > 0))
+        return (self.reference == "model" or (self.reference == "configurable" and settings.reference == "model")
+                or (self.reference == "kl" and settings.kl_coeff > 0))
 
-    def precomputed_reference(self, train) -> bool:
+    def precomputed_reference(self, settings: Settings) -> bool:
         """Whether reference logprobs are computed once, before training, by the starting weights."""
-        return self.reference == "configurable" and train.reference == "precomputed"
+        return self.reference == "configurable" and settings.reference == "precomputed"
 
 
 def sequence_sums(outputs: Batch, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +139,8 @@ def reference_pair_loss(pair_loss: Callable, outputs: Batch, batch: Batch, args:
 
 
 def check_iterations(config) -> None:
-    """RFT and SPIN train `train.steps` split evenly over `train.iterations`."""
+    """RFT and SPIN train `train.steps` split evenly over their `iterations`."""
     train = config.train
-    if train.steps % train.iterations:
-        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.iterations ({train.iterations}); "
-                        f"each iteration trains as many steps")
+    if train.steps % train.settings.iterations:
+        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.{train.alg}.iterations "
+                        f"({train.settings.iterations}); each iteration trains as many steps")

@@ -10,7 +10,7 @@ import torch
 
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
-from oxrl_core.errors import OxrlError
+from oxrl_core.algs.settings import Aggregation, Clip, GroupScaling, PolicyGradient
 
 
 def cispo_loss(
@@ -35,14 +35,12 @@ def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult
                       batch["is_weights"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> PolicyLossArgs:
-    return PolicyLossArgs(**PolicyLossArgs.common(train, batch))
+class CISPOSettings(PolicyGradient, GroupScaling, Aggregation, Clip):
+    """CISPO's clip bounds the importance weight, not the token's gradient; it has no KL term."""
 
 
-def check(config) -> None:
-    if config.train.kl_coeff > 0:
-        raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: CISPO has no KL term; use 0, or --alg sgrpo or ppo for a "
-                        f"KL to the reference")
+def make_args(settings: CISPOSettings, batch: GlobalBatch) -> PolicyLossArgs:
+    return PolicyLossArgs(**PolicyLossArgs.common(settings, batch))
 
 
-ALGORITHM = Algorithm("cispo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True, check=check)
+ALGORITHM = Algorithm("cispo", "rl", "prompts", batch_loss, make_args, CISPOSettings, advantages="group", episodes=True)

@@ -11,10 +11,11 @@ soft overlong penalty (`reward.overlong_buffer`).
 from dataclasses import asdict, dataclass
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
-from oxrl_core.errors import OxrlError
+from oxrl_core.algs.settings import Clip, GroupScaling, PolicyGradient, PositiveInt
 
 
 def dapo_loss(
@@ -42,15 +43,18 @@ def batch_loss(outputs: Batch, batch: Batch, args: DAPOArgs) -> LossResult:
                      batch["is_weights"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> DAPOArgs:
-    return DAPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, num_tokens=batch.tokens())
+class DAPOSettings(PolicyGradient, GroupScaling, Clip):
+    """DAPO has no KL term."""
+
+    fixed = {"loss_agg": "DAPO's loss is token-level by definition"}
+    max_sampling_rounds: PositiveInt = Field(4, description="Dynamic sampling: generation rounds a step may take to fill "
+                                                            "its batch with prompt groups whose rewards differ; a step "
+                                                            "still short after them stops the run.")
 
 
-def check(config) -> None:
-    """DAPO has no KL term: a setting would be ignored."""
-    if config.train.kl_coeff > 0:
-        raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: DAPO has no KL term; use 0, or --alg sgrpo for one")
+def make_args(settings: DAPOSettings, batch: GlobalBatch) -> DAPOArgs:
+    return DAPOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_tokens=batch.tokens())
 
 
-ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True,
-                      dynamic_sampling=True, fixed={"loss_agg": "DAPO's loss is token-level by definition"}, check=check)
+ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, DAPOSettings, advantages="group", episodes=True,
+                      dynamic_sampling=True)

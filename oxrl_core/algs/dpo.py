@@ -10,12 +10,15 @@ paper's loss. The implicit reward of a response is beta * (lp - ref).
 """
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 import torch.nn.functional as F
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
 from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.settings import PreferenceBeta, ReferenceChoice
 
 
 def dpo_loss(
@@ -47,8 +50,19 @@ def batch_loss(outputs: Batch, batch: Batch, args: DPOArgs) -> LossResult:
     return reference_pair_loss(dpo_loss, outputs, batch, args)
 
 
-def make_args(train, batch: GlobalBatch) -> DPOArgs:
-    return DPOArgs(beta=train.beta, label_smoothing=train.label_smoothing, num_pairs=batch.pairs())
+class DPOLossSettings(PreferenceBeta):
+    """What DPO's loss takes: Online DPO's settings; DPO's and SPIN's add theirs."""
+
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = Field(
+        0.0, description="Assumed share of flipped preference labels (conservative DPO).")
 
 
-ALGORITHM = Algorithm("dpo", "sl", "pairs", batch_loss, make_args, reference="configurable")
+class DPOSettings(ReferenceChoice, DPOLossSettings):
+    pass
+
+
+def make_args(settings: DPOLossSettings, batch: GlobalBatch) -> DPOArgs:
+    return DPOArgs(beta=settings.beta, label_smoothing=settings.label_smoothing, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("dpo", "sl", "pairs", batch_loss, make_args, DPOSettings, reference="configurable")

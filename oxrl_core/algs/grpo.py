@@ -4,17 +4,20 @@ Per token, with r_t = exp(logp_t - old_logp_t) and the group-relative advantage 
 
     -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + beta * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
 
-averaged over each sample's tokens, then over the samples. The clip is symmetric (eps = train.clip_low) and the
+averaged over each sample's tokens, then over the samples. The clip is symmetric (eps = clip_low) and the
 aggregation fixed; SGRPO (`sgrpo.py`) is the same surrogate with DAPO's asymmetric clip and a chosen aggregation.
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.kl import k3
+from oxrl_core.algs.settings import GroupScaling, KLPenalty, PolicyGradient
 
 
 def grpo_loss(
@@ -23,16 +26,16 @@ def grpo_loss(
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when beta == 0
-    *, epsilon: float, beta: float, num_seqs: float,
+    ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
+    *, clip_low: float, kl_coeff: float, num_seqs: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
-    per_token, clipped = clipped_surrogate(ratio, advantages[:, None], epsilon, epsilon)  # [B, T-1] each
+    per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_low)  # [B, T-1] each
     per_token = per_token * is_weights
     metrics = {}
-    if beta > 0:
+    if kl_coeff > 0:
         kl = k3(logprobs, ref_logprobs)  # [B, T-1]
-        per_token = per_token + beta * kl
+        per_token = per_token + kl_coeff * kl
         metrics["kl_ref_sum"] = (kl * mask).sum().detach()
     per_sequence = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B] token mean of each sample
     return per_sequence.sum() / num_seqs, metrics | {"clip_frac_sum": (clipped * mask).sum()}
@@ -40,8 +43,8 @@ def grpo_loss(
 
 @dataclass(frozen=True)
 class GRPOArgs(LossArgs):
-    epsilon: float  # the clip range, both sides
-    beta: float  # weight of the KL to the reference
+    clip_low: float  # the clip range, both sides
+    kl_coeff: float  # weight of the KL to the reference
     num_seqs: float  # samples in the global batch
 
 
@@ -50,10 +53,16 @@ def batch_loss(outputs: Batch, batch: Batch, args: GRPOArgs) -> LossResult:
                      batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> GRPOArgs:
-    return GRPOArgs(epsilon=train.clip_low, beta=train.kl_coeff, num_seqs=batch.sequences())
+class GRPOSettings(PolicyGradient, GroupScaling, KLPenalty):
+    fixed = {"clip_high": "GRPO clips symmetrically at 1 ± clip_low",
+             "loss_agg": "GRPO averages each sample's tokens, then the samples"}
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(0.2, description="The clip of the importance ratio, both "
+                                                                           "sides: 1 ± clip_low.")
 
 
-ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True,
-                      fixed={"clip_high": "GRPO clips symmetrically at 1 ± train.clip_low",
-                             "loss_agg": "GRPO averages each sample's tokens, then the samples"})
+def make_args(settings: GRPOSettings, batch: GlobalBatch) -> GRPOArgs:
+    return GRPOArgs(clip_low=settings.clip_low, kl_coeff=settings.kl_coeff, num_seqs=batch.sequences())
+
+
+ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, GRPOSettings, reference="kl", advantages="group",
+                      episodes=True)

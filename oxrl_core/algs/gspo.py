@@ -12,12 +12,14 @@ sample its gradient is GSPO's.
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
-from oxrl_core.errors import OxrlError
+from oxrl_core.algs.settings import Clip, GroupScaling, PolicyGradient
 
 
 def gspo_loss(
@@ -50,17 +52,17 @@ def batch_loss(outputs: Batch, batch: Batch, args: GSPOArgs) -> LossResult:
                      batch["is_weights"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> GSPOArgs:
-    return GSPOArgs(clip_low=train.clip_low, clip_high=train.clip_high, num_seqs=batch.sequences(), token_gradients=False)
+class GSPOSettings(PolicyGradient, GroupScaling, Clip):
+    """GSPO has no KL term; its clip acts on a sample's ratio, much nearer 1 than a token's."""
+
+    fixed = {"loss_agg": "GSPO's loss is a mean over samples by definition"}
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(3e-4, description="Lower clip of the sample's ratio: 1 - clip_low.")
+    clip_high: Annotated[float, Field(ge=0)] = Field(4e-4, description="Upper clip of the sample's ratio: 1 + clip_high.")
 
 
-def check(config) -> None:
-    """GSPO has no KL term: a setting would be ignored."""
-    if config.train.kl_coeff > 0:
-        raise OxrlError(f"train.kl_coeff={config.train.kl_coeff}: GSPO has no KL term; use 0, or --alg sgrpo for one")
+def make_args(settings: GSPOSettings, batch: GlobalBatch) -> GSPOArgs:
+    return GSPOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_seqs=batch.sequences(),
+                    token_gradients=False)
 
 
-DEFAULTS = {"clip_low": 3e-4, "clip_high": 4e-4}
-FIXED = {"loss_agg": "GSPO's loss is a mean over samples by definition"}
-ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, advantages="group", episodes=True,
-                      defaults=DEFAULTS, fixed=FIXED, check=check)
+ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, GSPOSettings, advantages="group", episodes=True)

@@ -16,6 +16,7 @@ import torch
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
 from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.settings import PreferenceBeta, ReferenceChoice
 
 
 def ipo_loss(
@@ -47,8 +48,12 @@ def batch_loss(outputs: Batch, batch: Batch, args: IPOArgs) -> LossResult:
     return reference_pair_loss(ipo_loss, outputs, batch, args)
 
 
-def make_args(train, batch: GlobalBatch) -> IPOArgs:
-    return IPOArgs(beta=train.beta, num_pairs=batch.pairs())
+class IPOSettings(ReferenceChoice, PreferenceBeta):
+    """IPO's target margin is 1 / (2 beta)."""
 
 
-ALGORITHM = Algorithm("ipo", "sl", "pairs", batch_loss, make_args, reference="configurable")
+def make_args(settings: IPOSettings, batch: GlobalBatch) -> IPOArgs:
+    return IPOArgs(beta=settings.beta, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("ipo", "sl", "pairs", batch_loss, make_args, IPOSettings, reference="configurable")

@@ -11,11 +11,14 @@ one sequence at a time; the teacher, a fixed target, passes no gradient).
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.kl import token_kl
+from oxrl_core.algs.settings import PositiveFloat, Settings
 
 
 def kd_loss(
@@ -44,8 +47,16 @@ def batch_loss(outputs: Batch, batch: Batch, args: KDArgs) -> LossResult:
     return kd_loss(kl, outputs["logprobs"], batch["response_mask"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> KDArgs:
-    return KDArgs(alpha=train.kd_alpha, temperature=train.kd_temperature, num_tokens=batch.tokens())
+class KDSettings(Settings):
+    teacher: str | None = Field(None, description="The teacher model (local folder or Hub id); its tokenizer must be "
+                                                  "the student's.")
+    alpha: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="Weight of the data's cross-entropy; the "
+                                                                        "teacher's KL gets 1 - alpha.")
+    temperature: PositiveFloat = Field(2.0, description="Softmax temperature of both teacher and student in the KL term.")
 
 
-ALGORITHM = Algorithm("kd", "sl", "conversations", batch_loss, make_args, teacher=True)
+def make_args(settings: KDSettings, batch: GlobalBatch) -> KDArgs:
+    return KDArgs(alpha=settings.alpha, temperature=settings.temperature, num_tokens=batch.tokens())
+
+
+ALGORITHM = Algorithm("kd", "sl", "conversations", batch_loss, make_args, KDSettings, teacher=True)

@@ -12,8 +12,10 @@ number, so z carries no gradient (as in the paper). 1 - sigmoid(x) is computed a
 from dataclasses import asdict, dataclass
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult, sequence_sums
+from oxrl_core.algs.settings import PositiveFloat, PreferenceBeta, ReferenceChoice
 
 
 def kto_loss(
@@ -58,9 +60,14 @@ def batch_loss(outputs: Batch, batch: Batch, args: KTOArgs) -> LossResult:
     return kto_loss(logps, batch["ref_logps"], lengths, batch["desirable"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> KTOArgs:
-    return KTOArgs(kl_baseline=batch.kl_baseline, beta=train.beta, desirable_weight=train.desirable_weight,
-                   undesirable_weight=train.undesirable_weight, num_examples=batch.sequences_with_tokens())
+class KTOSettings(ReferenceChoice, PreferenceBeta):
+    desirable_weight: PositiveFloat = Field(1.0, description="Weight of desirable examples.")
+    undesirable_weight: PositiveFloat = Field(1.0, description="Weight of undesirable examples.")
 
 
-ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, reference="configurable")
+def make_args(settings: KTOSettings, batch: GlobalBatch) -> KTOArgs:
+    return KTOArgs(kl_baseline=batch.kl_baseline, beta=settings.beta, desirable_weight=settings.desirable_weight,
+                   undesirable_weight=settings.undesirable_weight, num_examples=batch.sequences_with_tokens())
+
+
+ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, KTOSettings, reference="configurable")

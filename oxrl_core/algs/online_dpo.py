@@ -16,5 +16,5 @@ def check(config) -> None:
                         f"least 2 samples per prompt")
 
 
-ALGORITHM = Algorithm("online-dpo", "sl", "prompts", dpo.batch_loss, dpo.make_args, reference="model",
+ALGORITHM = Algorithm("online-dpo", "sl", "prompts", dpo.batch_loss, dpo.make_args, dpo.DPOLossSettings, reference="model",
                       self_play="best-over-worst", check=check)

@@ -11,9 +11,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.settings import PositiveFloat, Settings
 
 
 def orpo_loss(
@@ -53,9 +55,13 @@ def batch_loss(outputs: Batch, batch: Batch, args: ORPOArgs) -> LossResult:
     return orpo_loss(*pair_sums(outputs, batch), **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> ORPOArgs:
+class ORPOSettings(Settings):
+    lam: PositiveFloat = Field(0.1, description="Weight of the odds-ratio term against the chosen NLL.")
+
+
+def make_args(settings: ORPOSettings, batch: GlobalBatch) -> ORPOArgs:
     chosen_tokens = sum(float(c[(c > 0) & (r > 0)].sum()) for c, r in batch.pair_halves())
-    return ORPOArgs(lam=train.orpo_lambda, num_pairs=batch.pairs(), num_chosen_tokens=chosen_tokens)
+    return ORPOArgs(lam=settings.lam, num_pairs=batch.pairs(), num_chosen_tokens=chosen_tokens)
 
 
-ALGORITHM = Algorithm("orpo", "sl", "pairs", batch_loss, make_args)
+ALGORITHM = Algorithm("orpo", "sl", "pairs", batch_loss, make_args, ORPOSettings)

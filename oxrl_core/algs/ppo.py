@@ -4,11 +4,15 @@ Schulman et al. 2017 (arXiv 1707.06347); advantages from GAE (`advantages.gae`).
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
+from oxrl_core.algs.settings import (Aggregation, Clip, Discount, KLPenalty, PolicyGradient, PositiveFloat,
+                                     Whitening)
 
 
 def ppo_loss(
@@ -53,10 +57,21 @@ def batch_loss(outputs: Batch, batch: Batch, args: PPOArgs) -> LossResult:
                     batch["is_weights"], outputs["values"].float(), batch["old_values"], batch["returns"], outputs["entropy"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> PPOArgs:
-    return PPOArgs(value_clip=train.value_clip, vf_coeff=train.vf_coeff, entropy_coeff=train.entropy_coeff,
-                   **PolicyLossArgs.common(train, batch))
+class PPOSettings(PolicyGradient, Discount, Whitening, Aggregation, KLPenalty, Clip):
+    """The KL to the reference is a per-token penalty in the reward (InstructGPT's shaping)."""
+
+    lam: Annotated[float, Field(ge=0, le=1)] = Field(0.95, description="GAE lambda (bias-variance trade-off).")
+    vf_coeff: Annotated[float, Field(ge=0)] = Field(0.1, description="Weight of the value loss.")
+    value_clip: PositiveFloat = Field(0.2, description="New values stay within this distance of the old ones in the "
+                                                       "clipped value loss.")
+    entropy_coeff: Annotated[float, Field(ge=0)] = Field(0.0, description="Weight of the entropy bonus.")
+
+
+def make_args(settings: PPOSettings, batch: GlobalBatch) -> PPOArgs:
+    return PPOArgs(value_clip=settings.value_clip, vf_coeff=settings.vf_coeff, entropy_coeff=settings.entropy_coeff,
+                   **PolicyLossArgs.common(settings, batch))
 
 
 # Episodes: PPO's per-token advantages across environment turns are not built.
-ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, reference="kl", critic=True, advantages="gae")
+ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, PPOSettings, reference="kl", critic=True,
+                      advantages="gae")

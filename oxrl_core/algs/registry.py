@@ -1,38 +1,54 @@
-"""Every algorithm: the `ALGORITHM` record of each module in this package that declares one.
+"""Every algorithm: its name (what users type, --alg NAME), the loop it runs in, and the module that declares its
+record (`ALGORITHM`, see `base.py`) and its settings (`settings.py`).
 
-Adding an algorithm is adding its file (`base.py` says what the record holds); the config's allowed names, the CLI's
-`--alg` choices and the loops' behaviour all come from the records. Names travel to Ray actors; records are looked
-up here on both sides.
-
-The names and loops (`SL_ALGS`, `RL_ALGS`) are read from the files' source, `ALGORITHM = Algorithm("name", "loop",
-...)`, without importing them: the config schema and every `oxrl` command need the names, and importing the losses
-imports torch (seconds). `ALGORITHMS`, the records themselves, imports the modules on first use.
+Adding an algorithm is adding its file and its line here; the config's allowed names and `train.<alg>` blocks, the
+CLI's `--alg` choices and the loops' behaviour all come from the records. The names are listed, not imported: the
+config schema's names and every `oxrl` command's `--alg` choices need them, and importing an algorithm imports torch
+(seconds). `ALGORITHMS`, the records themselves, imports the modules on first use.
 """
 
-import ast
 import importlib
 from functools import cache
-from pathlib import Path
 
-HERE = Path(__file__).parent
+DECLARED: dict[str, tuple[str, str]] = {  # name: (loop, module); each loop's default first
+    "sft": ("sl", "oxrl_core.algs.sft"),
+    "cpt": ("sl", "oxrl_core.algs.cpt"),
+    "dpo": ("sl", "oxrl_core.algs.dpo"),
+    "ipo": ("sl", "oxrl_core.algs.ipo"),
+    "kd": ("sl", "oxrl_core.algs.kd"),
+    "kto": ("sl", "oxrl_core.algs.kto"),
+    "online-dpo": ("sl", "oxrl_core.algs.online_dpo"),
+    "orpo": ("sl", "oxrl_core.algs.orpo"),
+    "rft": ("sl", "oxrl_core.algs.rft"),
+    "rm": ("sl", "oxrl_core.algs.rm"),
+    "simpo": ("sl", "oxrl_core.algs.simpo"),
+    "spin": ("sl", "oxrl_core.algs.spin"),
+    "cispo": ("rl", "oxrl_core.algs.cispo"),
+    "dapo": ("rl", "oxrl_core.algs.dapo"),
+    "dr-grpo": ("rl", "oxrl_core.algs.dr_grpo"),
+    "grpo": ("rl", "oxrl_core.algs.grpo"),
+    "gspo": ("rl", "oxrl_core.algs.gspo"),
+    "gspo-token": ("rl", "oxrl_core.algs.gspo_token"),
+    "ppo": ("rl", "oxrl_core.algs.ppo"),
+    "reinforce++": ("rl", "oxrl_core.algs.reinforce_pp"),
+    "reinforce++-baseline": ("rl", "oxrl_core.algs.reinforce_pp_baseline"),
+    "rloo": ("rl", "oxrl_core.algs.rloo"),
+    "sgrpo": ("rl", "oxrl_core.algs.sgrpo"),
+}
 
 
-def _declared() -> dict[str, str]:
-    """{name: loop} of every `ALGORITHM = Algorithm(name, loop, ...)` in this package, in file order."""
-    declared = {}
-    for path in sorted(HERE.glob("[!_]*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ALGORITHM"]:
-                name, loop = (arg.value for arg in node.value.args[:2])
-                declared[name] = loop
-    return declared
+def names(loop: str) -> tuple[str, ...]:
+    """One loop's algorithm names, its default first."""
+    return tuple(name for name, (its_loop, _) in DECLARED.items() if its_loop == loop)
 
 
 @cache
 def _records() -> dict:
-    """{name: Algorithm}, importing every module of the package that declares one."""
-    modules = [importlib.import_module(f"{__package__}.{path.stem}") for path in sorted(HERE.glob("[!_]*.py"))]
-    return {m.ALGORITHM.name: m.ALGORITHM for m in modules if hasattr(m, "ALGORITHM")}
+    """{name: Algorithm}, importing each declaring module; a record must carry the name it is listed under."""
+    records = {name: importlib.import_module(module).ALGORITHM for name, (_, module) in DECLARED.items()}
+    for name, record in records.items():
+        assert record.name == name and record.loop == DECLARED[name][0], f"{DECLARED[name][1]} declares {record.name!r}"
+    return records
 
 
 def __getattr__(name: str):
@@ -41,7 +57,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_LOOPS = _declared()
-# Each loop's names, its default first, then alphabetical.
-SL_ALGS = tuple(sorted((n for n, loop in _LOOPS.items() if loop == "sl"), key=lambda n: (n != "sft", n)))
-RL_ALGS = tuple(sorted((n for n, loop in _LOOPS.items() if loop == "rl"), key=lambda n: (n != "cispo", n)))
+SL_ALGS, RL_ALGS = names("sl"), names("rl")

@@ -2,8 +2,8 @@
 
 No critic and no per-prompt baseline: the KL to the reference is in the reward, per token
 (r_t = -kl_coeff (old_t - ref_t), plus the sample's reward on its last token), the advantage of a token is its
-discounted return (`train.gamma`), normalised over every response token of the batch (`advantages.reinforce_pp`),
-and the loss is PPO's clipped surrogate per token, aggregated by `train.loss_agg`:
+discounted return (`gamma`), normalised over every response token of the batch (`advantages.reinforce_pp`),
+and the loss is PPO's clipped surrogate per token, aggregated by `loss_agg`:
 
     -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)
 
@@ -11,11 +11,14 @@ and the loss is PPO's clipped surrogate per token, aggregated by `train.loss_agg
 """
 
 from dataclasses import asdict
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
+from oxrl_core.algs.settings import Aggregation, Clip, Discount, KLPenalty, PolicyGradient, Whitening
 
 
 def reinforce_pp_loss(
@@ -37,11 +40,17 @@ def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult
                              batch["is_weights"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> PolicyLossArgs:
-    return PolicyLossArgs(**PolicyLossArgs.common(train, batch))
+class ReinforcePPSettings(PolicyGradient, Discount, Whitening, Aggregation, KLPenalty, Clip):
+    """The KL to the reference is a per-token penalty in the reward."""
+
+    clip_high: Annotated[float, Field(ge=0)] = Field(0.2, description="Upper clip of the importance ratio: 1 + "
+                                                                      "clip_high (OpenRLHF's symmetric clip).")
 
 
-DEFAULTS = {"clip_high": 0.2}  # OpenRLHF's symmetric clip
+def make_args(settings: ReinforcePPSettings, batch: GlobalBatch) -> PolicyLossArgs:
+    return PolicyLossArgs(**PolicyLossArgs.common(settings, batch))
+
+
 # Episodes: a token's return across environment turns would credit the environment's tokens; not built.
-ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="reinforce++",
-                      defaults=DEFAULTS)
+ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, ReinforcePPSettings, reference="kl",
+                      advantages="reinforce++")

@@ -7,4 +7,4 @@ from oxrl_core.algs import reinforce_pp
 from oxrl_core.algs.base import Algorithm
 
 ALGORITHM = Algorithm("reinforce++-baseline", "rl", "prompts", reinforce_pp.batch_loss, reinforce_pp.make_args,
-                      reference="kl", advantages="reinforce++-baseline", defaults=reinforce_pp.DEFAULTS)
+                      reinforce_pp.ReinforcePPSettings, reference="kl", advantages="reinforce++-baseline")

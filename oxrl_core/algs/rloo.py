@@ -11,11 +11,14 @@ correction weighs the sample as a whole, so it must be sequence-level.
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 
 from oxrl_core.algs.aggregate import clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
+from oxrl_core.algs.settings import Clip, Correction, KLPenalty
 from oxrl_core.errors import OxrlError
 
 
@@ -44,19 +47,27 @@ def batch_loss(outputs: Batch, batch: Batch, args: RLOOArgs) -> LossResult:
                      batch["is_weights"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> RLOOArgs:
-    return RLOOArgs(clip_low=train.clip_low, clip_high=train.clip_high, num_seqs=batch.sequences())
+class RLOOSettings(Correction, KLPenalty, Clip):
+    """The KL to the reference comes off each sample's reward; the correction weighs the sample as a whole."""
+
+    fixed = {"loss_agg": "RLOO's loss is a mean over samples by definition"}
+    clip_high: Annotated[float, Field(ge=0)] = Field(0.2, description="Upper clip of the sample's ratio: 1 + clip_high.")
+    sampler_correction: Literal["none", "sequence-truncate", "sequence-mask"] = Field(
+        "sequence-truncate", description="Correct for vLLM's probabilities differing from the trainer's: the sample's "
+        "loss weighted by p_trainer / p_vLLM of the whole sample, truncated at `correction_cap` (sequence-truncate) "
+        "or left out outside [correction_floor, correction_cap] (sequence-mask). RLOO's ratio is the sample's, so "
+        "is its correction: the token-level ones do not apply.")
+
+
+def make_args(settings: RLOOSettings, batch: GlobalBatch) -> RLOOArgs:
+    return RLOOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_seqs=batch.sequences())
 
 
 def check(config) -> None:
     if config.rollout.n_samples < 2:
         raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: RLOO's baseline is the other samples of the "
                         f"prompt; use 2 or more")
-    if config.train.sampler_correction.startswith("token"):
-        raise OxrlError(f"train.sampler_correction={config.train.sampler_correction!r}: RLOO's ratio is the whole "
-                        f"sample's, so is its correction; use sequence-truncate, sequence-mask or none")
 
 
-ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="leave-one-out",
-                      episodes=True, defaults={"clip_high": 0.2, "sampler_correction": "sequence-truncate"},
-                      fixed={"loss_agg": "RLOO's loss is a mean over samples by definition"}, check=check)
+ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, RLOOSettings, reference="kl",
+                      advantages="leave-one-out", episodes=True, check=check)

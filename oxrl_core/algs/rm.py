@@ -36,7 +36,7 @@ def batch_loss(outputs: Batch, batch: Batch, args: PairArgs) -> LossResult:
     return rm_loss(*outputs["scores"].float().chunk(2), batch["margin"], chosen_len, rejected_len, **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> PairArgs:
+def make_args(settings, batch: GlobalBatch) -> PairArgs:
     return PairArgs(num_pairs=batch.pairs())
 
 

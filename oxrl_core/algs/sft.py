@@ -30,7 +30,7 @@ def batch_loss(outputs: Batch, batch: Batch, args: SFTArgs) -> LossResult:
     return sft_loss(outputs["logprobs"], batch["response_mask"], **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> SFTArgs:
+def make_args(settings, batch: GlobalBatch) -> SFTArgs:
     return SFTArgs(num_tokens=batch.tokens())
 
 

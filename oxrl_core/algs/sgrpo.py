@@ -12,6 +12,7 @@ import torch
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.kl import k3
+from oxrl_core.algs.settings import Aggregation, Clip, GroupScaling, KLPenalty, PolicyGradient
 
 
 def sgrpo_loss(
@@ -47,8 +48,13 @@ def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
                       batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> SGRPOArgs:
-    return SGRPOArgs(kl_coeff=train.kl_coeff, **PolicyLossArgs.common(train, batch))
+class SGRPOSettings(PolicyGradient, GroupScaling, Aggregation, KLPenalty, Clip):
+    """The k3 KL term to the reference joins the loss when kl_coeff > 0."""
 
 
-ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, reference="kl", advantages="group", episodes=True)
+def make_args(settings: SGRPOSettings, batch: GlobalBatch) -> SGRPOArgs:
+    return SGRPOArgs(kl_coeff=settings.kl_coeff, **PolicyLossArgs.common(settings, batch))
+
+
+ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, SGRPOSettings, reference="kl", advantages="group",
+                      episodes=True)

@@ -9,12 +9,15 @@ gamma is the target reward margin in reward units, as in the paper's equation (T
 """
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 import torch.nn.functional as F
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
 from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.settings import PositiveFloat, Settings
 
 
 def simpo_loss(
@@ -44,8 +47,13 @@ def batch_loss(outputs: Batch, batch: Batch, args: SimPOArgs) -> LossResult:
     return simpo_loss(*pair_sums(outputs, batch), **asdict(args))
 
 
-def make_args(train, batch: GlobalBatch) -> SimPOArgs:
-    return SimPOArgs(beta=train.beta, gamma=train.simpo_gamma, num_pairs=batch.pairs())
+class SimPOSettings(Settings):
+    beta: PositiveFloat = Field(0.1, description="Reward scale (the paper uses 2-10).")
+    gamma: Annotated[float, Field(ge=0)] = Field(0.5, description="Target reward margin, in reward units.")
 
 
-ALGORITHM = Algorithm("simpo", "sl", "pairs", batch_loss, make_args)
+def make_args(settings: SimPOSettings, batch: GlobalBatch) -> SimPOArgs:
+    return SimPOArgs(beta=settings.beta, gamma=settings.gamma, num_pairs=batch.pairs())
+
+
+ALGORITHM = Algorithm("simpo", "sl", "pairs", batch_loss, make_args, SimPOSettings)

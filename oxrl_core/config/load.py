@@ -103,24 +103,40 @@ def validate(schema: type[Config], tree: dict) -> Config:
 def _describe(err: dict, schema: type[BaseModel]) -> str:
     key = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_fields_at(schema, err["loc"][:-1]))
-        return f"unknown key {key!r} (allowed here: {allowed})"
+        model = _model_at(schema, err["loc"][:-1])
+        why = _why_not(model, str(err["loc"][-1]))
+        allowed = ", ".join(field.alias or name for name, field in model.model_fields.items())
+        return f"unknown key {key!r}{f' ({why})' if why else ''} (allowed here: {allowed})"
     if err["type"] == "missing":
         return f"{key}: required key is missing"
     return f"{key}={err['input']!r}: {err['msg']}"
 
 
-def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the (nested) model at `loc`, for the 'allowed keys' hint."""
+def _model_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The (nested) model at `loc`, whose keys are field names or aliases (an algorithm's block: `train.dr-grpo`)."""
     model = schema
     for part in loc:
         if isinstance(part, int):
             continue
-        annotation = model.model_fields[part].annotation
+        field = next(f for name, f in model.model_fields.items() if part in (name, f.alias))
+        annotation = field.annotation
         model = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
-    return list(model.model_fields)
+    return model
+
+
+def _why_not(model: type[BaseModel], key: str) -> str | None:
+    """Why an algorithm's settings have no such key: its definition fixes it, or other algorithms take it."""
+    from oxrl_core.algs.registry import ALGORITHMS
+    from oxrl_core.algs.settings import Settings
+
+    if not issubclass(model, Settings):
+        return None
+    if key in model.fixed:
+        return model.fixed[key]
+    takers = [name for name, record in ALGORITHMS.items() if key in record.settings.model_fields]
+    return f"a setting of --alg {', '.join(takers)}" if takers else None
 
 
 def dump_config(config: BaseModel) -> str:
     """The resolved config as YAML; `load_config` of this text gives the same config."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)

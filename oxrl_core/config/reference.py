@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from oxrl_core.algs.settings import Settings
 from oxrl_core.config.schema import RLConfig, SLConfig
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
@@ -25,16 +26,41 @@ def reference_markdown() -> str:
         variants = [("sl", SLConfig.model_fields[section].annotation), ("rl", field.annotation)] if section == "train" else [(None, field.annotation)]
         for kind, model in variants:
             where = f" ({kind} runs)" if kind else ("" if section in sl_sections else " (rl runs)")
-            lines += [f"## `{section}`{where}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-            lines += _rows(section, model)
-            lines.append("")
+            lines += [f"## `{section}`{where}", "", *_table(_rows(section, model)), ""]
+            if section == "train":
+                lines += _algorithm_blocks(model)
     return "\n".join(lines)
+
+
+def _algorithm_blocks(train: type[BaseModel]) -> list[str]:
+    """A section per algorithm of the loop: its own settings, `train.<alg>`, declared in its file."""
+    from oxrl_core.algs.registry import ALGORITHMS
+
+    lines = []
+    for field in train.model_fields.values():
+        if field.alias is None:
+            continue
+        settings = ALGORITHMS[field.alias].settings
+        lines += [f"### `train.{field.alias}`", ""]
+        if settings.__doc__ and settings.__doc__ != Settings.__doc__:
+            lines += [" ".join(settings.__doc__.split()), ""]
+        rows = _rows(f"train.{field.alias}", settings)
+        lines += [*_table(rows), ""] if rows else ["No settings of its own.", ""]
+        lines += [f"Fixed by its definition: `{key}` ({why})." for key, why in settings.fixed.items()]
+        lines += [""] if settings.fixed else []
+    return lines
+
+
+def _table(rows: list[str]) -> list[str]:
+    return ["| key | type | default | meaning |", "|---|---|---|---|", *rows]
 
 
 def _rows(prefix: str, model: type[BaseModel]) -> list[str]:
     """A row per field; a nested section (e.g. reward.judge) gets a row per field of its own."""
     rows = []
     for name, sub in model.model_fields.items():
+        if sub.alias is not None:  # an algorithm's block: a section of its own (`_algorithm_blocks`)
+            continue
         if isinstance(sub.annotation, type) and issubclass(sub.annotation, BaseModel):
             rows += _rows(f"{prefix}.{name}", sub.annotation)
         else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pynvml
 
-from oxrl_core.config.schema import RolloutSection
+from oxrl_core.config.sections import RolloutSection
 from oxrl_core.doctor.report import Check, worst
 
 GiB = 1024**3

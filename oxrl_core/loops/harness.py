@@ -129,7 +129,7 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
         recipe = make_recipe(run)
         report_data(recipe.reports, run_dir, console)
         log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,
-                        flatten(config.model_dump(mode="json")), run_id=state.get("mlflow_run_id"))
+                        flatten(config.model_dump(mode="json", by_alias=True)), run_id=state.get("mlflow_run_id"))
         run.summary |= {"run_dir": str(run_dir), "steps": config.train.steps, "first_step": run.first_step,
                         "mlflow_run_id": log.run_id, "history": []}
         wait_for_builds()  # a build lock left on this machine would hold every rank until its hang deadline

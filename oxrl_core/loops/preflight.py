@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS
+from oxrl_core.algs.registry import ALGORITHMS, names
 from oxrl_core.cluster.placement import PlacementRequest, decide, local_gpus
 from oxrl_core.config import load_config
-from oxrl_core.config.schema import JudgeSection, RLConfig, SLConfig
+from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.config.sections import JudgeSection
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
@@ -43,11 +44,11 @@ def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
 
 def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
     """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models."""
-    algorithm = ALGORITHMS[config.train.alg]
+    algorithm, settings = ALGORITHMS[config.train.alg], config.train.settings
     return TrainerSpec(model=config.model, lora=config.lora, deepspeed=config.deepspeed, train=config.train,
-                       hang_timeout_s=config.run.hang_timeout_s, reference_model=algorithm.reference_model(config.train),
+                       hang_timeout_s=config.run.hang_timeout_s, reference_model=algorithm.reference_model(settings),
                        critic=algorithm.critic, scalar_head=algorithm.scalar_head,
-                       teacher=config.train.teacher if algorithm.teacher else None,
+                       teacher=settings.teacher if algorithm.teacher else None,
                        check_grad_overflow=algorithm.loop == "sl")
 
 
@@ -74,15 +75,8 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
         decide(placement_request(config), local_gpus())
     algorithm = ALGORITHMS[train.alg]
-    for key, why in algorithm.fixed.items():
-        if key in train.model_fields_set:
-            raise OxrlError(f"train.{key}={getattr(train, key)!r}: {why}, so --alg {train.alg} takes no such setting; "
-                            f"--alg sgrpo lets you choose it")
     if algorithm.check:
         algorithm.check(config)
-    for key, value in algorithm.defaults.items():  # what the algorithm runs with unless the config says otherwise
-        if key not in train.model_fields_set:
-            setattr(train, key, value)
     rollout = config.rollout
     for key in ("lag", "max_staleness"):
         if isinstance(config, SLConfig) and getattr(rollout, key):
@@ -91,13 +85,11 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if rollout.lag and rollout.max_staleness:
         raise OxrlError(f"rollout.lag={rollout.lag} and rollout.max_staleness={rollout.max_staleness}: choose one, a "
                         f"fixed lag (reproducible) or asynchronous sampling with a staleness bound (faster)")
-    if isinstance(config, RLConfig) and (rollout.lag or rollout.max_staleness) and "sampler_correction" not in train.model_fields_set:
-        train.sampler_correction = "token-truncate"  # samples k versions old: their weights p_old / q are not near 1
     _check_overlong(config)
 
     env = config.rollout.env
     if env.name is not None and not algorithm.episodes:
-        *others, last = [name for name in RL_ALGS if ALGORITHMS[name].episodes]
+        *others, last = [name for name in names("rl") if ALGORITHMS[name].episodes]
         episodic = f"{', '.join(others)} or {last}" if others else last
         raise OxrlError(f"rollout.env.name={env.name!r}: episodes train with --alg {episodic} (got {train.alg})")
     if config.reward.func == "env" and env.name is None:
@@ -124,23 +116,24 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if config.lora.enabled:
         _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
     if algorithm.teacher:
-        _check_teacher(train.teacher, model_path)
+        _check_teacher(train.settings.teacher, model_path)
     return model_path
 
 
 def _check_teacher(teacher: str | None, student_path: str) -> None:
     """KD compares the two models' distributions token by token: they must share one tokenizer."""
     if teacher is None:
-        raise OxrlError("train.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. train.teacher=Qwen/Qwen2.5-7B-Instruct")
+        raise OxrlError("train.kd.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. "
+                        "train.kd.teacher=Qwen/Qwen2.5-7B-Instruct")
     from transformers import AutoTokenizer
 
-    teacher_path = resolve_model(teacher, key="train.teacher")
+    teacher_path = resolve_model(teacher, key="train.kd.teacher")
     student_vocab = AutoTokenizer.from_pretrained(student_path).get_vocab()
     teacher_vocab = AutoTokenizer.from_pretrained(teacher_path).get_vocab()
     if teacher_vocab != student_vocab:
         differ = sorted(set(teacher_vocab.items()) ^ set(student_vocab.items()), key=lambda kv: kv[1])[:3]
         raise OxrlError(
-            f"train.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
+            f"train.kd.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
             f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
 
 

@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from oxrl_core.config.schema import JudgeSection
+from oxrl_core.config.sections import JudgeSection
 from oxrl_core.data.records import prompt_messages
 from oxrl_core.data.sft import chat_template_ids
 from oxrl_core.errors import OxrlError

@@ -10,7 +10,7 @@ import ray
 
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.watchdog import collective_timeout
-from oxrl_core.config.schema import RolloutSection
+from oxrl_core.config.sections import RolloutSection
 from oxrl_core.rollout.engine import Rollout, RolloutEngine, SampleRequest, sample_seed, start_error
 from oxrl_core.rollout.stream import EngineStream, FollowUp, Sampling
 from oxrl_core.training.group import TrainGroup

@@ -2,7 +2,7 @@
 
 import torch
 
-from oxrl_core.config.schema import ModelSection
+from oxrl_core.config.sections import ModelSection
 from oxrl_core.training.spec import TrainerSpec
 
 

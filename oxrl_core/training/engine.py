@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.algs.base import LossArgs
-from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.algs.base import BatchLoss, LossArgs
 from oxrl_core.cluster.process import redirect_output
 from oxrl_core.cluster.watchdog import collective_timeout
 from oxrl_core.data.media import media_policy
@@ -72,16 +71,15 @@ class TrainEngine(WeightPublisher, Checkpoints):
 
     # -- training ---------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[dict], alg: str, args: LossArgs, temperature: float = 1.0,
+    def train_step(self, micro_batches: list[dict], loss: BatchLoss, args: LossArgs, temperature: float = 1.0,
                    with_entropy: bool = False) -> dict:
-        """One optimizer step over this rank's micro-batches with the loss of algorithm `alg`.
+        """One optimizer step over this rank's micro-batches with an algorithm's loss (`Algorithm.loss`).
 
         `args` carry the global batch's normalisers (tokens, sequences), so the
         summed micro-batch losses are the loss of the whole batch.
         """
         self.engine.train()
         lr = self.engine.get_lr()[0]  # the rate this step uses; the schedule advances in step()
-        batch_loss = ALGORITHMS[alg].loss
         # DeepSpeed divides by grad_accum and averages over ranks; undo both so the
         # gradient is that of the global-batch loss.
         scale = self.engine.gradient_accumulation_steps() * self.engine.world_size
@@ -91,10 +89,10 @@ class TrainEngine(WeightPublisher, Checkpoints):
         for batch in micro_batches:
             batch = self._to_device(batch)
             outputs = self._forward(batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None)
-            loss, metrics = batch_loss(outputs, batch, args)
-            self.engine.backward(loss * scale)
+            micro_loss, metrics = loss(outputs, batch, args)
+            self.engine.backward(micro_loss * scale)
             self.engine.step()
-            loss_sum = loss_sum + loss.detach()
+            loss_sum = loss_sum + micro_loss.detach()
             if with_entropy:
                 metrics["entropy_sum"] = (outputs["entropy"].detach() * batch["response_mask"]).sum()
             for key, value in metrics.items():
@@ -107,13 +105,13 @@ class TrainEngine(WeightPublisher, Checkpoints):
         return result
 
     @torch.no_grad()
-    def eval_metrics(self, micro_batches: list[dict], alg: str, args: LossArgs) -> dict:
+    def eval_metrics(self, micro_batches: list[dict], loss: BatchLoss, args: LossArgs) -> dict:
         """The loss's metric sums over held-out micro-batches, without updating anything."""
         self.engine.eval()
         sums = {}
         for batch in micro_batches:
             batch = self._to_device(batch)
-            _, metrics = ALGORITHMS[alg].loss(self._forward(batch), batch, args)
+            _, metrics = loss(self._forward(batch), batch, args)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         return {key: float(value) for key, value in sums.items()}

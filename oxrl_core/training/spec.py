@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from oxrl_core.config.schema import DeepSpeedSection, LoraSection, ModelSection, TrainCommon
+from oxrl_core.config.sections import DeepSpeedSection, LoraSection, ModelSection, TrainCommon
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_sft_zero3_offloaded_to_cpu_memory_on_one_gpu_trains_with_a_falling_loss
 
 
 @pytest.mark.parametrize("alg, lora, extra", [
-    ("cispo", False, ()), ("cispo", True, ()), ("sgrpo", False, ("train.kl_coeff=0.05",)), ("sgrpo", True, ()),
+    ("cispo", False, ()), ("cispo", True, ()), ("sgrpo", False, ("train.sgrpo.kl_coeff=0.05",)), ("sgrpo", True, ()),
     ("ppo", False, ()),
     # float32 makes the tiny model 1.3 MiB: two buckets of at most 1 MiB, each shared and loaded on its own
     ("cispo", False, ("model.dtype=float32", "rollout.weight_bucket_mb=1"))],

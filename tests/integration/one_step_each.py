@@ -81,7 +81,7 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
                  "train.warmup_steps=0",
                  f"run.output_dir={out}", *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH)]
     if algorithm.teacher:
-        overrides.append(f"train.teacher={model_path}")
+        overrides.append(f"train.kd.teacher={model_path}")
     config, path = (load_rl_config if algorithm.loop == "rl" else load_sl_config)(example, overrides)
     tokenizer, pad_id = load_tokenizer(path)
     reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if algorithm.rewards else None

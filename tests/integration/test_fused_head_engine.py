@@ -37,7 +37,7 @@ CASES = {  # ZeRO-3 last: a live HfDeepSpeedConfig would build the other stages'
     "zero3": (tied, {"deepspeed": {"zero_stage": 3}}),
     "zero3-untied": (untied, {"deepspeed": {"zero_stage": 3}}),
     "zero3-lora": (tied, {"deepspeed": {"zero_stage": 3}, "lora": {"enabled": True, "r": 4, "target_modules": ["q_proj", "v_proj"]}}),
-    "zero3-ppo": (untied, {"deepspeed": {"zero_stage": 3}, "train": {"alg": "ppo", "kl_coeff": 0.1},
+    "zero3-ppo": (untied, {"deepspeed": {"zero_stage": 3}, "train": {"alg": "ppo", "ppo": {"kl_coeff": 0.1}},
                            "model": {"gradient_checkpointing": True}}),
 }
 TEMPERATURE = 0.7

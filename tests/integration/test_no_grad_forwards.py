@@ -28,7 +28,7 @@ path, port, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 CASES = {  # ZeRO-3 last: a live HfDeepSpeedConfig would build the other stages' models partitioned
     "packed": {"model": {"attn_implementation": "varlen"}},
     "padded": {"model": {"attn_implementation": "sdpa"}},
-    "ppo-reference": {"model": {"attn_implementation": "varlen"}, "train": {"alg": "ppo", "kl_coeff": 0.1}},
+    "ppo-reference": {"model": {"attn_implementation": "varlen"}, "train": {"alg": "ppo", "ppo": {"kl_coeff": 0.1}}},
     # a checkpointed training micro-batch keeps one layer's activations too: no joining by default
     "checkpointed": {"model": {"attn_implementation": "varlen", "gradient_checkpointing": True}},
     "zero3": {"model": {"attn_implementation": "varlen"}, "deepspeed": {"zero_stage": 3}},

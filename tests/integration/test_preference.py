@@ -47,7 +47,7 @@ def paired_examples(oxrl_side_by_side, tiny_model_dir, other_tiny_model, tmp_pat
     """The DeepSpeed-only examples two at a time (a third less time than one after the other), each in its own output
     folder (two runs creating one MLflow store at once collide): {alg: (CompletedProcess, output folder)}. Module
     fixtures are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself."""
-    extra = {"kd": (f"train.teacher={other_tiny_model}",)}
+    extra = {"kd": (f"train.kd.teacher={other_tiny_model}",)}
     runs = {}
     for pair in (("ipo", "simpo"), ("orpo", "kto"), ("cpt", "kd")):
         outs = [tmp_path_factory.mktemp(alg) for alg in pair]
@@ -75,7 +75,7 @@ def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed
     """The dpo example runs ZeRO-3 on 2 ranks; the frozen reference model gives the same steps as precomputed sums."""
     pre, model = tmp_path / "pre", tmp_path / "model"
     results = oxrl_side_by_side(example_args("dpo", tiny_model_dir, pre),
-                                example_args("dpo", tiny_model_dir, model, "train.reference=model"))
+                                example_args("dpo", tiny_model_dir, model, "train.dpo.reference=model"))
     precomputed, with_model = (summary_of(result, out, "dpo") for result, out in zip(results, (pre, model)))
     remember("dpo", precomputed)
     remember("dpo-reference-model", with_model)
@@ -132,9 +132,9 @@ def test_kd_refuses_a_teacher_with_another_tokenizer(oxrl, tiny_model_dir, tmp_p
     tokenizer.add_tokens(["<extra>"])
     tokenizer.save_pretrained(teacher)
     result = oxrl("train", "sl", "--config", "examples/kd_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"train.teacher={teacher}", f"run.output_dir={tmp_path}")
+                  f"train.kd.teacher={teacher}", f"run.output_dir={tmp_path}")
     assert result.returncode == 2
-    assert "train.teacher=" in result.stderr and "tokenizer differs" in result.stderr and "'<extra>'" in result.stderr
+    assert "train.kd.teacher=" in result.stderr and "tokenizer differs" in result.stderr and "'<extra>'" in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxr
     scores of the rollouts, on 2 ZeRO-3 ranks and a vLLM engine. (CISPO and SGRPO: tests/integration/test_rl.py.)"""
     result = oxrl("train", "rl", "--alg", "ppo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
                   f"data.train=[{{path: {prompts}}}]", "data.val=null", "train.steps=2", "train.batch_size=16",
-                  "train.micro_batch_size=4", "train.grad_accum=2", "train.kl_coeff=0.05", "train.entropy_coeff=0.01",
+                  "train.micro_batch_size=4", "train.grad_accum=2", "train.ppo.kl_coeff=0.05", "train.ppo.entropy_coeff=0.01",
                   "rollout.n_samples=4", "rollout.max_tokens=12", "reward.func=reward-model",
                   f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}", f"run.output_dir={tmp_path}", "run.name=rlhf")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -231,8 +231,8 @@ def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(ox
 @pytest.mark.slow  # RFT's filtered step runs in the whole suite (test_every_algorithm_steps.py), self-play's sampling in online DPO's run
 def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(oxrl, tiny_model_dir, prompts, tmp_path):
     summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
-                             "train.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
-                             "train.rft_threshold=0.05")
+                             "train.rft.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
+                             "train.rft.threshold=0.05")
     remember("rft", summary)
     first = summary["history"][0]
     assert 0 < first["rft_kept"] <= 16 * 4 and summary["history"][1]["loss"] < first["loss"]
@@ -248,7 +248,7 @@ def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_thresh
 def spin_args(tiny_model_dir, out, demos, steps, iterations, *flags):
     # a constant learning rate: the interrupted run's first part has fewer steps in all than the whole run
     return ["train", "sl", "--config", "examples/spin_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            f"run.output_dir={out}", "run.name=spin", f"train.steps={steps}", f"train.iterations={iterations}",
+            f"run.output_dir={out}", "run.name=spin", f"train.steps={steps}", f"train.spin.iterations={iterations}",
             "train.lr_scheduler=constant", "train.warmup_steps=0", "rollout.max_tokens=12",
             f"data.train=[{{path: {demos}}}]", *flags]
 

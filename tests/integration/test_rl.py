@@ -75,7 +75,7 @@ REWARD_ERRORS = ("reward.func=rl_test_rewards:raises_on_odd_length", "reward.on_
 
 
 @pytest.mark.parametrize("alg, extra", [pytest.param("cispo", (), marks=pytest.mark.quick),
-                                        pytest.param("sgrpo", ("train.kl_coeff=0.05", *REWARD_ERRORS), marks=pytest.mark.slow),
+                                        pytest.param("sgrpo", ("train.sgrpo.kl_coeff=0.05", *REWARD_ERRORS), marks=pytest.mark.slow),
                                         ("ppo", ("lora.enabled=true", "lora.r=8"))], ids=["cispo", "sgrpo", "ppo-lora"])
 def test_two_rl_steps_run_on_ray_zero3_and_vllm(two_step_run, alg, extra):
     """Full-weight PPO runs in tests/integration/test_preference.py, on a trained reward model's scores (RLHF)."""
@@ -196,7 +196,7 @@ def test_at_lag_1_each_step_trains_the_previous_policys_samples_and_a_stopped_an
     assert [s["policy_version"] for s in steps] == [1, 2, 3]
     assert all(s["grad_norm"] > 0 and "time_wait_for_samples_s" in s for s in steps)
     config = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())
-    assert config["train"]["sampler_correction"] == "token-truncate"  # lag's default: the samples are off-policy
+    assert config["train"]["cispo"]["sampler_correction"] == "token-truncate"  # lag's default: the samples are off-policy
     assert steps[1]["logprob_gap_abs"] > 1e-3  # step 2's samples are the old policy's, and the gap shows it
 
     latest = tmp_path / "resumed" / "ds" / "latest"
@@ -241,7 +241,7 @@ def test_asynchronous_steps_train_samples_at_most_max_staleness_versions_old_and
 
 @pytest.mark.slow  # reuses SGRPO's run; scoring errors are unit-tested (tests/unit/test_rewards.py)
 def test_reward_errors_and_too_long_prompts_are_counted_and_the_run_finishes_saving_nothing_when_asked(two_step_run, prompts):
-    run = two_step_run("sgrpo", "train.kl_coeff=0.05", *REWARD_ERRORS)
+    run = two_step_run("sgrpo", "train.sgrpo.kl_coeff=0.05", *REWARD_ERRORS)
     stdout = (run.parent / "stdout.txt").read_text()
     assert f"{prompts}:33: prompt is" in stdout and "rollout.max_prompt_len is 64" in stdout
     summary = json.loads((run / "summary.json").read_text())
@@ -297,9 +297,10 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
-        correct([b for r in batches for b in r], config.train)  # the sampler-trainer weights (none: ones)
-        args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=8.0))
-        group.call("train_step", batches, alg="cispo", args=args)
+        correct([b for r in batches for b in r], config.train.settings)  # the sampler-trainer weights (none: ones)
+        cispo = ALGORITHMS["cispo"]
+        args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=8.0))
+        group.call("train_step", batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4
         after = [s for (worker, *_), seed in zip(pool.engines, (1, 2))

@@ -194,9 +194,10 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, media=[prompt.media])
         batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
-        correct([b for r in batches for b in r], config.train)  # the sampler-trainer weights (none: ones)
-        args = ALGORITHMS["cispo"].args(config.train, GlobalBatch([b for r in batches for b in r], max_len=16.0))
-        group.call("train_step", batches, alg="cispo", args=args)
+        correct([b for r in batches for b in r], config.train.settings)  # the sampler-trainer weights (none: ones)
+        cispo = ALGORITHMS["cispo"]
+        args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=16.0))
+        group.call("train_step", batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=[prompt.media])
         blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=None)  # the engine without the image

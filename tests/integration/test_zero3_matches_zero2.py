@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
-from oxrl_core.algs.sft import SFTArgs
+from oxrl_core.algs import sft
 from oxrl_core.config.schema import SLConfig
 from oxrl_core.data.sft import SFTExample, collate_sft
 from oxrl_core.loops.preflight import trainer_spec
@@ -45,7 +45,7 @@ for lora, stage, compiled in ((False, 2, False), (False, 3, False), (True, 2, Fa
     engine = TrainEngine(trainer_spec(config), path, rank, 2, ("127.0.0.1", port), out / "logs")
     # torch's own linear, not the one zero.Init leaves behind (engine.py:torch_linear)
     assert torch.nn.functional.linear is torch._C._nn.linear, torch.nn.functional.linear
-    losses = [engine.train_step(batches, alg="sft", args=SFTArgs(num_tokens=tokens))["loss"] for _ in range(2)]
+    losses = [engine.train_step(batches, loss=sft.batch_loss, args=sft.SFTArgs(num_tokens=tokens))["loss"] for _ in range(2)]
     weights = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.engine.module.named_parameters() if p.requires_grad}
     results[(lora, stage, compiled)] = (losses, weights)
     del engine

@@ -32,7 +32,7 @@ batch = [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}]
 def run(zero_stage):
     # SGRPO with a KL term: the frozen reference is built (and partitioned) beside the policy
     config = RLConfig.model_validate({"model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": zero_stage},
-        "train": {"alg": "sgrpo", "kl_coeff": 0.1, "batch_size": 1, "micro_batch_size": 1, "grad_accum": 1},
+        "train": {"alg": "sgrpo", "sgrpo": {"kl_coeff": 0.1}, "batch_size": 1, "micro_batch_size": 1, "grad_accum": 1},
         "data": {"train": [{"path": "unused.jsonl"}]}})
     engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), out / "logs")
     models = {"policy": engine.engine.module, "reference": engine.reference}  # ZeRO-3 wraps the reference ("module.")

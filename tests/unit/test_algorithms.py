@@ -3,12 +3,14 @@
 import ast
 import dataclasses
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from oxrl_core.algs import registry
 from oxrl_core.algs.base import GlobalBatch, LossArgs
 from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS, SL_ALGS
 from oxrl_core.config.schema import RLTrain, SLTrain
@@ -16,25 +18,82 @@ from oxrl_core.config.schema import RLTrain, SLTrain
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_names_read_from_the_files_are_the_records_names_and_loops():
+def test_the_listed_names_are_the_records_names_and_loops():
     assert sorted(SL_ALGS + RL_ALGS) == sorted(ALGORITHMS)
     assert all(ALGORITHMS[name].loop == "sl" for name in SL_ALGS) and all(ALGORITHMS[name].loop == "rl" for name in RL_ALGS)
     assert SL_ALGS[0] == "sft" and RL_ALGS[0] == "cispo"  # each loop's default first
 
 
-def test_the_config_allows_exactly_the_registered_names():
+def test_the_config_allows_exactly_the_registered_names_each_with_its_own_block():
     assert set(SLTrain.model_fields["alg"].annotation.__args__) == set(SL_ALGS)
     assert set(RLTrain.model_fields["alg"].annotation.__args__) == set(RL_ALGS)
+    blocks = {f.alias: f.annotation for f in (SLTrain.model_fields | RLTrain.model_fields).values() if f.alias}
+    assert blocks == {name: ALGORITHMS[name].settings | None for name in ALGORITHMS}
 
 
-def test_a_new_file_with_a_record_is_registered_without_editing_another(tmp_path, monkeypatch):
-    """The registry reads the package folder: adding an algorithm touches its own file only."""
-    for path in registry.HERE.glob("*.py"):
-        (tmp_path / path.name).write_text(path.read_text())
-    (tmp_path / "my_alg.py").write_text('from oxrl_core.algs import sft\nfrom oxrl_core.algs.base import Algorithm\n\n'
-                                        'ALGORITHM = Algorithm("my-alg", "rl", "prompts", sft.batch_loss, sft.make_args)\n')
-    monkeypatch.setattr(registry, "HERE", tmp_path)
-    assert registry._declared()["my-alg"] == "rl"
+SCRATCH = '''"""A scratch algorithm: SFT's loss scaled by a setting of its own."""
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
+
+from oxrl_core.algs import sft
+from oxrl_core.algs.base import Algorithm, GlobalBatch
+from oxrl_core.algs.settings import Settings
+
+
+class ScaledSettings(Settings):
+    scale: Annotated[float, Field(gt=0)] = Field(1.0, description="What the loss is multiplied by.")
+
+
+@dataclass(frozen=True)
+class ScaledArgs(sft.SFTArgs):
+    scale: float
+
+
+def make_args(settings: ScaledSettings, batch: GlobalBatch) -> ScaledArgs:
+    return ScaledArgs(num_tokens=batch.tokens(), scale=settings.scale)
+
+
+ALGORITHM = Algorithm("scaled-sft", "sl", "conversations", sft.batch_loss, make_args, ScaledSettings)
+'''
+
+CHECK_SCRATCH = '''
+import sys
+from oxrl_core.algs import registry
+registry.DECLARED["scaled-sft"] = ("sl", "scaled_sft")  # its line in the registry
+from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.config.load import load_config
+from oxrl_core.config.reference import reference_markdown
+from oxrl_core.config.schema import SLConfig
+from oxrl_core.errors import OxrlError
+
+data = [f"data.train=[{{path: {sys.argv[1]}}}]", "train.alg=scaled-sft"]
+config = load_config(SLConfig, None, [*data, "train.scaled-sft.scale=2.5"])
+args = registry.ALGORITHMS["scaled-sft"].args(config.train.settings, GlobalBatch([]))
+print(args.scale, load_config(SLConfig, None, data).train.settings.scale)
+for bad in ("train.scaled-sft.scale=-1", "train.scaled-sft.scal=2"):
+    try:
+        load_config(SLConfig, None, [*data, bad])
+    except OxrlError as e:
+        print(e)
+print("train.scaled-sft.scale" in reference_markdown())
+'''
+
+
+def test_a_scratch_algorithm_with_a_setting_of_its_own_registers_and_validates(tmp_path):
+    """What adding an algorithm is (CONTRIBUTING's worked example): its file, declaring its settings, and its line
+    in the registry; the config then takes, checks and documents `train.<alg>.<setting>`."""
+    (tmp_path / "scaled_sft.py").write_text(SCRATCH)
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    result = subprocess.run([sys.executable, "-c", CHECK_SCRATCH, str(data)], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    scales, negative, typo, documented = result.stdout.strip().splitlines()
+    assert (scales, documented) == ("2.5 1.0", "True")  # set, and its default; in the config reference
+    assert "train.scaled-sft.scale=-1" in negative and "greater than 0" in negative
+    assert "unknown key 'train.scaled-sft.scal'" in typo and "allowed here: scale" in typo
 
 
 def _pure_loss(module) -> inspect.Signature:
@@ -51,9 +110,8 @@ def test_each_records_typed_arguments_are_its_pure_losss_keyword_arguments(name)
     keywords = {p.name for p in _pure_loss(module).parameters.values() if p.kind is p.KEYWORD_ONLY}
     if not keywords:  # SFT's loss takes its normaliser positionally
         keywords = {p.name for p in _pure_loss(module).parameters.values()} - {"logprobs", "response_mask"}
-    train = (SLTrain if algorithm.loop == "sl" else RLTrain)(alg=name)
     batch = GlobalBatch([{"response_mask": torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])}], max_len=8.0, kl_baseline=0.5)
-    args = algorithm.args(train, batch)
+    args = algorithm.args(algorithm.settings(), batch)
     assert isinstance(args, LossArgs) and dataclasses.is_dataclass(args)
     assert {f.name for f in dataclasses.fields(args)} == keywords
 
@@ -69,13 +127,14 @@ def test_the_global_batch_counts_tokens_rows_and_pairs():
 
 
 def test_which_reference_each_algorithm_has():
-    sl, rl = SLTrain(), RLTrain()
-    assert ALGORITHMS["dpo"].precomputed_reference(sl) and not ALGORITHMS["dpo"].reference_model(sl)
-    assert ALGORITHMS["dpo"].reference_model(SLTrain(alg="dpo", reference="model"))
-    assert ALGORITHMS["online-dpo"].reference_model(sl) and not ALGORITHMS["online-dpo"].precomputed_reference(sl)
-    assert not ALGORITHMS["spin"].reference_model(sl) and not ALGORITHMS["spin"].precomputed_reference(sl)
-    assert not ALGORITHMS["sgrpo"].reference_model(rl) and ALGORITHMS["sgrpo"].reference_model(RLTrain(kl_coeff=0.1))
-    assert not ALGORITHMS["simpo"].reference_model(sl) and not ALGORITHMS["simpo"].precomputed_reference(sl)
+    def has(name: str, **settings) -> tuple[bool, bool]:  # (a reference model, precomputed reference logprobs)
+        algorithm = ALGORITHMS[name]
+        chosen = algorithm.settings(**settings)
+        return algorithm.reference_model(chosen), algorithm.precomputed_reference(chosen)
+
+    assert has("dpo") == (False, True) and has("dpo", reference="model") == (True, False)
+    assert has("online-dpo") == (True, False) and has("spin") == (False, False) and has("simpo") == (False, False)
+    assert has("sgrpo") == (False, False) and has("sgrpo", kl_coeff=0.1) == (True, False)
 
 
 def _name_branches(path: Path) -> list[str]:

@@ -227,3 +227,47 @@ def test_the_loops_read_in_short_functions_without_shared_mutable_closures():
             if isinstance(node, ast.Nonlocal):
                 rebinding.append(f"{where} nonlocal {', '.join(node.names)}")
     assert long == [] and rebinding == [], long + rebinding
+
+
+def _shared_fields(model, prefix: str) -> dict[str, str]:
+    """{dotted key: description} of every field of a config's shared sections: all but the algorithms' blocks."""
+    from pydantic import BaseModel
+
+    fields = {}
+    for name, field in model.model_fields.items():
+        if field.alias is not None:  # an algorithm's own block, train.<alg>
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        nested = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        fields[key] = field.description or ""
+        for sub in nested:
+            fields |= _shared_fields(sub, key)
+    return fields
+
+
+def test_the_shared_config_holds_no_algorithms_setting():
+    """An algorithm's setting is a field of its own settings class (its `train.<alg>` block), never of the sections
+    every run shares: no shared `train` key is any algorithm's setting, and no shared key's meaning is written for some
+    algorithms only ("SimPO: ...", the flat schema's style)."""
+    import re
+
+    from oxrl_core.algs.registry import ALGORITHMS
+    from oxrl_core.config.schema import RLConfig, SLConfig
+
+    shared = {k: v for config in (SLConfig, RLConfig) for section, field in config.model_fields.items()
+              for k, v in _shared_fields(field.annotation, section).items()}
+    settings = {key for record in ALGORITHMS.values() for key in record.settings.model_fields}
+    assert sorted(k for k in shared if k.startswith("train.") and k.rsplit(".", 1)[-1] in settings) == []
+    names = {n.upper() for n in ALGORITHMS} | {"SimPO", "Online DPO", "Dr. GRPO", "GSPO-token"}
+    for_some = re.compile("(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(, [\w .+-]+)*:")
+    assert sorted(k for k, meaning in shared.items() if for_some.search(meaning)) == []
+    assert for_some.search("SimPO: target reward margin.") and for_some.search("RFT, SPIN: rounds.")
+
+
+def test_the_rank_side_code_never_looks_an_algorithm_up_by_name():
+    """The trainer ranks get the algorithm's loss with their call, not a name to look up in the registry again."""
+    training = [p for p in (REPO / "oxrl_core" / "training").rglob("*.py")]
+    uses = [f"{p.relative_to(REPO)}:{node.lineno}" for p in training for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", None)) == "ALGORITHMS"]
+    assert uses == []

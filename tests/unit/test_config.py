@@ -160,8 +160,8 @@ def test_a_merge_key_is_overridden_by_the_mappings_own_key_not_refused(tmp_path,
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["train.alg=kd"], ["train.teacher", "KD needs a teacher model"]),
-    (["train.alg=rft", "train.steps=5", "train.iterations=2"], ["train.steps=5", "multiple of train.iterations (2)"]),
+    (["train.alg=kd"], ["train.kd.teacher", "KD needs a teacher model"]),
+    (["train.alg=rft", "train.steps=5", "train.rft.iterations=2"], ["train.steps=5", "multiple of train.rft.iterations (2)"]),
     (["train.alg=online-dpo", "rollout.n_samples=1"], ["rollout.n_samples=1", "at least 2 samples"]),
     (["train.alg=spin", "data.val=VAL"], ["data.val=", "SPIN has no held-out measure"]),
 ])
@@ -207,12 +207,30 @@ def test_rl_config_validates_group_size(tmp_path, good):
         check_config(config)
 
 
-def test_cispo_with_a_kl_coefficient_is_refused_rather_than_ignored(tmp_path, good):
+def test_cispo_with_a_kl_coefficient_is_refused_naming_the_algorithms_that_take_one(tmp_path, good):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
-    with pytest.raises(OxrlError, match=r"train.kl_coeff=0.1: CISPO has no KL term"):
-        check_config(load_config(RLConfig, path, ["train.alg=cispo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
-    check_config(load_config(RLConfig, path, ["train.alg=ppo", "train.kl_coeff=0.1", "rollout.n_samples=4"]))
+    with pytest.raises(OxrlError, match=r"unknown key 'train.cispo.kl_coeff' \(a setting of --alg dr-grpo, grpo, ppo, "):
+        load_config(RLConfig, path, ["train.alg=cispo", "train.cispo.kl_coeff=0.1", "rollout.n_samples=4"])
+    ppo = load_config(RLConfig, path, ["train.alg=ppo", "train.ppo.kl_coeff=0.1", "rollout.n_samples=4"])
+    check_config(ppo)
+    assert ppo.train.settings.kl_coeff == 0.1
+
+
+@pytest.mark.parametrize("old, alg, says", [
+    ("train.kl_coeff=0.1", "sgrpo", "train.kl_coeff: moved to train.sgrpo.kl_coeff"),
+    ("train.kl_coeff=0.1", "cispo", "train.kl_coeff: --alg cispo has no such setting; kl_coeff is a setting of --alg"),
+    ("train.simpo_gamma=1.0", "simpo", "train.simpo_gamma: moved to train.simpo.gamma"),
+    ("train.teacher=x", "kd", "train.teacher: moved to train.kd.teacher"),
+    ("rollout.max_sampling_rounds=8", "dapo", "rollout.max_sampling_rounds: moved to train.dapo.max_sampling_rounds"),
+])
+def test_a_setting_at_its_old_flat_key_is_one_line_naming_its_new_key(tmp_path, good, old, alg, says):
+    from oxrl_core.algs.registry import SL_ALGS
+
+    schema = SLConfig if alg in SL_ALGS else RLConfig
+    with pytest.raises(OxrlError) as refused:
+        load_config(schema, None, [f"train.alg={alg}", f"data.train=[{{path: {good['data']['train'][0]['path']}}}]", old])
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -33,9 +33,10 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
 
     prompts = [SimpleNamespace(record={"id": k, "rewards": rewards}) for k, rewards in enumerate(prompt_rewards)]
     pg = object.__new__(PolicyGradient)
-    pg.alg = SimpleNamespace(dynamic_sampling=dynamic)
+    pg.alg = SimpleNamespace(name="dapo", dynamic_sampling=dynamic)
     pg.train = SimpleNamespace(batch_size=groups * N_SAMPLES, seed=0)
-    pg.rollout_cfg = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0, max_sampling_rounds=rounds)
+    pg.settings = SimpleNamespace(max_sampling_rounds=rounds)
+    pg.rollout_cfg = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0)
     pg.prompt_sets, pg.sampler, pg.new_env = [prompts], MixedSampler([len(prompts)], [1.0], seed=0), None
     pg.generate, pg.calls, pg.policy_version = generate, calls, 0
     pg.scoring, pg.drawing = threading.Lock(), threading.Lock()
@@ -66,7 +67,7 @@ def test_uniform_groups_are_dropped_and_the_batch_is_refilled_to_full_size():
 def test_when_every_group_is_uniform_the_run_stops_after_its_rounds_with_a_message():
     pg = recipe([[1.0, 1.0]] * 40, groups=4, rounds=3)
     before = pg.sampler.state_dict()
-    with pytest.raises(SamplingStopped, match=r"dynamic sampling: after 3 rounds \(rollout.max_sampling_rounds\) only 0 "
+    with pytest.raises(SamplingStopped, match=r"dynamic sampling: after 3 rounds \(train.dapo.max_sampling_rounds\) only 0 "
                                               r"of the 4 prompt groups .* \(12 groups scored the same") as stopped:
         pg.sample(step=1, timer=pg.run.position.timed)
     with pytest.raises(OxrlError, match="12 groups scored the same.*; stopped at step 1: no step had finished, run again"):

@@ -273,7 +273,7 @@ def test_the_logprob_gap_counts_policy_tokens_only():
     batch = per_rank[0][0]
     batch["old_logprobs"] = batch["sampler_logprobs"].clone()
     batch["old_logprobs"][0, 4:7] = -30.0  # the environment's tokens: anything at all under the trainer
-    gap = correct([batch], RLTrain())
+    gap = correct([batch], RLTrain().settings)
     assert gap["logprob_gap_abs"] == 0.0 and gap["logprob_gap_kl"] == 0.0 and gap["is_ratio_max"] == 1.0
 
 

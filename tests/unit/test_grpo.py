@@ -34,7 +34,7 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
     adv = torch.tensor([1.0, -0.5, 0.0, 2.0], dtype=torch.float64)
     mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float64)
     logp.requires_grad_(True)
-    loss, metrics = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, epsilon=0.2, beta=beta, num_seqs=4.0)
+    loss, metrics = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, clip_low=0.2, kl_coeff=beta, num_seqs=4.0)
     expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta)
     assert loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     loss.backward()
@@ -49,19 +49,20 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
     assert ("kl_ref_sum" in metrics) == (beta > 0)
 
 
-@pytest.mark.parametrize("alg, override, message", [("grpo", "train.clip_high=0.3", "clips symmetrically"),
-                                                    ("grpo", "train.loss_agg=token-mean", "averages each sample's tokens"),
-                                                    ("dapo", "train.loss_agg=token-mean", "token-level by definition"),
-                                                    ("gspo", "train.loss_agg=token-mean", "mean over samples"),
-                                                    ("gspo-token", "train.loss_agg=token-mean", "mean over samples"),
-                                                    ("rloo", "train.loss_agg=token-mean", "mean over samples")])
-def test_an_algorithm_refuses_a_setting_its_definition_fixes(tmp_path, alg, override, message):
+@pytest.mark.parametrize("alg, key, message", [("grpo", "clip_high=0.3", "clips symmetrically"),
+                                               ("grpo", "loss_agg=token-mean", "averages each sample's tokens"),
+                                               ("dapo", "loss_agg=token-mean", "token-level by definition"),
+                                               ("gspo", "loss_agg=token-mean", "mean over samples"),
+                                               ("gspo-token", "loss_agg=token-mean", "mean over samples"),
+                                               ("rloo", "loss_agg=token-mean", "mean over samples"),
+                                               ("dr-grpo", "adv_std_norm=group", "does not scale advantages"),
+                                               ("dr-grpo", "loss_agg=token-mean", "--alg sgrpo chooses it")])
+def test_an_algorithm_refuses_a_setting_its_definition_fixes_saying_why(tmp_path, alg, key, message):
     from oxrl_core.config.load import load_config
     from oxrl_core.config.schema import RLConfig
 
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    config = load_config(RLConfig, None, [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
-                                          override])
-    with pytest.raises(OxrlError, match=message):
-        check_config(config)
+    with pytest.raises(OxrlError, match=rf"unknown key 'train.{alg}.{key.split('=')[0]}' \(.*{message}"):
+        load_config(RLConfig, None, [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
+                                     f"train.{alg}.{key}"])

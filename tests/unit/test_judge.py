@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from oxrl_core.cluster.placement import decide
-from oxrl_core.config.schema import JudgeSection, RLConfig
+from oxrl_core.config.schema import RLConfig
+from oxrl_core.config.sections import JudgeSection
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.rewards import resolve_reward, score_samples

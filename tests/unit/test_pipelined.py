@@ -22,7 +22,7 @@ from oxrl_core.rollout.engine import Rollout
 
 
 @pytest.mark.parametrize("alg, overrides, correction", [("cispo", [], "token-truncate"),
-                                                       ("cispo", ["train.sampler_correction=none"], "none"),
+                                                       ("cispo", ["train.cispo.sampler_correction=none"], "none"),
                                                        ("rloo", [], "sequence-truncate")])  # the algorithm's own
 def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_says_otherwise(tmp_path, alg, overrides,
                                                                                            correction):
@@ -31,10 +31,10 @@ def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_say
     base = [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
     lagged = load_config(RLConfig, None, [*base, "rollout.lag=1", *overrides])
     check_config(lagged)
-    assert lagged.train.sampler_correction == correction
+    assert lagged.train.settings.sampler_correction == correction
     on_policy = load_config(RLConfig, None, base)
     check_config(on_policy)
-    assert on_policy.train.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
+    assert on_policy.train.settings.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
 
 
 def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_media():
@@ -73,7 +73,7 @@ def test_a_supervised_run_refuses_asynchronous_sampling_and_a_lag_with_a_stalene
         check_config(load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.lag=1", "rollout.max_staleness=2"]))
     asynchronous = load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.max_staleness=2"])
     check_config(asynchronous)
-    assert asynchronous.train.sampler_correction == "token-truncate"
+    assert asynchronous.train.settings.sampler_correction == "token-truncate"
 
 
 def test_a_sample_older_than_the_staleness_bound_is_refused_and_one_at_the_bound_is_not():

@@ -71,7 +71,7 @@ def same_loss_and_gradient(ours: torch.Tensor, theirs: torch.Tensor, logp: torch
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_grpo_is_trls_grpo_loss(seed, beta):
     logp, old, ref, adv, mask = tensors(seed)
-    ours, _ = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, epsilon=0.2, beta=beta,
+    ours, _ = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, clip_low=0.2, kl_coeff=beta,
                         num_seqs=B)
     same_loss_and_gradient(ours, trl_grpo(logp, old, adv, mask, ref, loss_type="grpo", beta=beta), logp)
 

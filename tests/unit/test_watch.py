@@ -68,7 +68,7 @@ def test_the_innermost_call_of_the_main_thread_is_read_from_a_faulthandler_dump(
 def test_the_config_refuses_a_negative_hang_timeout(floor):
     from pydantic import ValidationError
 
-    from oxrl_core.config.schema import RunSection
+    from oxrl_core.config.sections import RunSection
 
     with pytest.raises(ValidationError, match="hang_timeout_s"):
         RunSection(hang_timeout_s=floor)

@@ -73,6 +73,7 @@ class PolicyGradient:
     def __init__(self, run: Run):
         """Reads and checks the prompts and the environment (before any engine starts)."""
         self.run, self.alg, self.train = run, run.algorithm, run.config.train
+        self.settings = self.train.settings  # the algorithm's own, train.<alg>
         self.rollout_cfg, self.env = run.config.rollout, run.config.rollout.env
         env, data = self.env, run.config.data
         self.new_env = partial(resolve_env(env.name, env.kwargs), **env.kwargs) if env.name else None  # an episode's
@@ -151,9 +152,9 @@ class PolicyGradient:
                                     rollout_cfg.mask_truncated)
         old = self.old_logprobs(per_rank, seconds)
         batches = [b for rank in per_rank for b in rank]
-        metrics |= rollout_metrics(rollouts, rewards) | correct(batches, train)
+        metrics |= rollout_metrics(rollouts, rewards) | correct(batches, self.settings)
         # 3. advantages
-        ESTIMATORS[self.alg.advantages](batches, train)
+        ESTIMATORS[self.alg.advantages](batches, self.settings)
         bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for b in batches]),
                          trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
         # 4. train
@@ -214,12 +215,12 @@ class PolicyGradient:
         """Step `step`'s scored samples, `rollout.n_samples` per prompt (`drawn`: its prompts, if drawn already),
         each prompt's group numbered in order, timed by `timer` (the run's position in the loop, or a plain clock
         beside it). With dynamic sampling (DAPO), a group whose rewards are all equal is dropped and the missing
-        groups are sampled from further prompts, `rollout.max_sampling_rounds` rounds at most; the rounds after the
+        groups are sampled from further prompts, its `max_sampling_rounds` rounds at most; the rounds after the
         first are timed as `resample`. Raises SamplingStopped, the sampler back where it was, if the batch cannot be
         made."""
         cfg, step_start, seconds, version = self.rollout_cfg, self.sampler.state_dict(), {}, self.policy_version
         needed, kept, refs, generated, dropped = self.train.batch_size // cfg.n_samples, [], [], 0, 0
-        rounds = cfg.max_sampling_rounds if self.alg.dynamic_sampling else 1
+        rounds = self.settings.max_sampling_rounds if self.alg.dynamic_sampling else 1
         try:
             for attempt in range(rounds):
                 drawn = drawn if attempt == 0 and drawn else self.draw(needed - len(kept))
@@ -244,7 +245,7 @@ class PolicyGradient:
                     break
             else:
                 raise SamplingStopped(
-                    f"dynamic sampling: after {rounds} rounds (rollout.max_sampling_rounds) only {len(kept)} of the "
+                    f"dynamic sampling: after {rounds} rounds (train.{self.alg.name}.max_sampling_rounds) only {len(kept)} of the "
                     f"{needed} prompt groups a step needs had rewards that differ ({dropped} groups scored the same "
                     f"for every sample); use more rounds, or prompts the model solves sometimes but not always")
         except SamplingStopped:
@@ -318,7 +319,7 @@ class PolicyGradient:
             else:
                 old = group.call("token_logprobs", per_rank, temperature=temperature)
             attach(per_rank, "old_logprobs", old)
-            if self.alg.reference_model(self.train):
+            if self.alg.reference_model(self.settings):
                 attach(per_rank, "ref_logprobs", group.call("token_logprobs", per_rank, temperature=temperature, reference=True))
         return old
 
@@ -327,7 +328,7 @@ class PolicyGradient:
         batch = GlobalBatch([b for r in per_rank for b in r], max_len=float(self.rollout_cfg.max_tokens))
         num_tokens = batch.tokens()
         with self.run.position.timed(seconds, "train"):
-            results = self.run.group.call("train_step", per_rank, alg=self.alg.name, args=self.alg.args(self.train, batch),
+            results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=self.alg.args(self.settings, batch),
                                           temperature=self.rollout_cfg.temperature, with_entropy=True)
         metrics = train_metrics(results, num_tokens)
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
@@ -412,12 +413,12 @@ def attach(per_rank: list[list[dict]], key: str, tensors: list[list[torch.Tensor
             batch[key] = tensor
 
 
-def correct(batches: list[dict], train) -> dict:
-    """Each micro-batch's sampler-trainer correction weights (`is_weights`, `train.sampler_correction`); how far vLLM's
+def correct(batches: list[dict], settings) -> dict:
+    """Each micro-batch's sampler-trainer correction weights (`is_weights`, its `sampler_correction`); how far vLLM's
     logprobs are from the trainer's for the same tokens (mean |delta| and KL per token), the largest raw weight of the
     step and the share of its response tokens whose weight was truncated or masked."""
-    stats = [importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"], train.sampler_correction,
-                                train.correction_cap, train.correction_floor) for b in batches]
+    stats = [importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"], settings.sampler_correction,
+                                settings.correction_cap, settings.correction_floor) for b in batches]
     for b, (weights, _) in zip(batches, stats):
         b["is_weights"] = weights
     tokens = max(sum(s["tokens"] for _, s in stats), 1)

@@ -1,7 +1,7 @@
 """Self-play supervised training: the policy's own vLLM samples become its training data (`Algorithm.self_play`).
 
 RFT keeps its samples that pass a reward threshold, SPIN pairs demonstrations over its samples, both building a new
-training set at the start of each of `train.iterations`; Online DPO pairs each prompt's best sample over its worst at
+training set at the start of each of its `iterations`; Online DPO pairs each prompt's best sample over its worst at
 every step. The steps then train as offline supervised ones do (`supervised.py`).
 """
 
@@ -44,7 +44,7 @@ class SelfPlaySupervised(OfflineSupervised):
             items, generated = best_over_worst(rollouts, len(prompts), self.run.config.data.max_len)
             return items, None, generated
         generated = {}
-        steps_per_iteration = train.steps // train.iterations
+        steps_per_iteration = train.steps // self.settings.iterations
         if step == self.run.first_step or (step - 1) % steps_per_iteration == 0:
             k = (step - 1) // steps_per_iteration + 1
             examples, refs, generated = self.iteration_data(k, step)
@@ -66,11 +66,11 @@ class SelfPlaySupervised(OfflineSupervised):
         prompts, seed_base = [p for s in self.train_sets for p in s], train.seed * 1_000_003 + k
         if self.alg.self_play == "passing":
             rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, seed_base, step)
-            kept = {(r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= train.rft_threshold}  # distinct
+            kept = {(r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= self.settings.threshold}  # distinct
             stats = {"rft_kept": float(len(kept)), "rft_reward_mean": sum(r.reward for r in rollouts) / len(rollouts)}
             if not kept:
-                raise OxrlError(f"RFT iteration {k}: none of {len(rollouts)} samples scored at least train.rft_threshold="
-                                f"{train.rft_threshold} (best: {max(r.reward for r in rollouts)}); lower the threshold, "
+                raise OxrlError(f"RFT iteration {k}: none of {len(rollouts)} samples scored at least train.rft.threshold="
+                                f"{self.settings.threshold} (best: {max(r.reward for r in rollouts)}); lower the threshold, "
                                 f"sample more (rollout.n_samples) or start from a stronger model")
             data = ([sequence(r, max_len) for r in kept.values()], None, stats)
         else:  # against the demonstrations: the reference is the policy at this point

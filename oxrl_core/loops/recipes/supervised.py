@@ -30,6 +30,7 @@ class OfflineSupervised:
     def __init__(self, run: Run):
         """Reads and checks the training and held-out data (before any engine starts)."""
         self.run, self.alg, self.train = run, run.algorithm, run.config.train
+        self.settings = self.train.settings  # the algorithm's own, train.<alg>
         self.ranks, self.size = run.config.run.train_ranks, self.train.micro_batch_size
         loaded = [self.load(source.path) for source in run.config.data.train]
         self.train_sets, self.reports = [examples for examples, _ in loaded], [report for _, report in loaded]
@@ -62,9 +63,9 @@ class OfflineSupervised:
         return {"sampler": self.sampler.state_dict()}
 
     def start(self) -> None:
-        """Reference logprobs computed once by the starting weights (DPO, IPO, KTO with `train.reference:
+        """Reference logprobs computed once by the starting weights (DPO, IPO, KTO with `reference:
         precomputed`), kept in the run folder for a resumed run."""
-        if not self.alg.precomputed_reference(self.train):
+        if not self.alg.precomputed_reference(self.settings):
             return
         if self.run.state:
             self.train_refs, self.val_refs = torch.load(self.run.run_dir / REFERENCE_FILE)
@@ -79,7 +80,7 @@ class OfflineSupervised:
         items, refs, generated = self.batch(step)
         per_rank, args = self.prepare(items, refs, training=True)
         self.run.position.phase = "train"
-        results = self.run.group.call("train_step", per_rank, alg=self.alg.name, args=args)
+        results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=args)
         elapsed = time.perf_counter() - start
         sums = summed(results)
         metrics = {"loss": sums["loss"], **means(sums), **generated, "grad_norm": results[0]["grad_norm"],
@@ -102,7 +103,7 @@ class OfflineSupervised:
         """The loss's metrics on the held-out data (TRL's names for the preference metrics)."""
         self.run.position.phase = "eval"
         per_rank, args = self.prepare(self.val_set, self.val_refs, training=False)
-        result = {f"eval_{k}": v for k, v in means(summed(self.run.group.call("eval_metrics", per_rank, alg=self.alg.name,
+        result = {f"eval_{k}": v for k, v in means(summed(self.run.group.call("eval_metrics", per_rank, loss=self.alg.loss,
                                                                                 args=args))).items()}
         if set(result) == {"eval_nll"}:  # a loss that is the NLL alone (SFT, CPT) reports it as the eval loss
             result["eval_loss"] = result.pop("eval_nll")
@@ -114,13 +115,13 @@ class OfflineSupervised:
         dealt with filler."""
         batches = self.micro_batches(items, refs)
         per_rank = [batches[r::self.ranks] for r in range(self.ranks)] if training else deal(batches, self.ranks)
-        if self.alg.reference_model(self.train):
+        if self.alg.reference_model(self.settings):
             results = self.run.group.call("token_logprobs", per_rank, reference=True)
             for rank_batches, rank_logprobs in zip(per_rank, results):
                 for b, logprobs in zip(rank_batches, rank_logprobs):
                     b["ref_logps"] = (logprobs * b["response_mask"]).sum(-1)
         kl_baseline = self.kto_kl_baseline(items, refs) if self.alg.data == "unpaired" else 0.0
-        return per_rank, self.alg.args(self.train, GlobalBatch(batches, kl_baseline=kl_baseline))
+        return per_rank, self.alg.args(self.settings, GlobalBatch(batches, kl_baseline=kl_baseline))
 
     def micro_batches(self, items: list, refs: list[torch.Tensor] | None) -> list[dict]:
         size = self.size
