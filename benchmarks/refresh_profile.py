@@ -19,7 +19,7 @@ import ray
 import torch
 
 from oxrl_core.cluster.session import ray_cluster
-from oxrl_core.loops.preflight import load_rl_config, placement_request, trainer_spec
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.group import TrainGroup
@@ -53,7 +53,8 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     _, _, config_path = prepare(out / "work", steps=1, shape="0.5b")
-    config, model_path = load_rl_config(config_path, sys.argv[2:])
+    run = resolve_run("rl", config_path, sys.argv[2:])
+    config, model_path = run.config, run.model_path
     times: dict[str, list[float]] = {}
 
     def timed(key: str, fn):
@@ -62,8 +63,8 @@ def main() -> None:
         times.setdefault(key, []).append(time.perf_counter() - start)
         return result
 
-    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-        group = TrainGroup(trainer_spec(config), model_path, out / "logs", reservation)
+    with ray_cluster(run.placement, config.run.hang_timeout_s) as reservation:
+        group = TrainGroup(run.trainer, model_path, out / "logs", reservation)
         # as the loop (loops/harness.py) builds it: the trainer's dtype, KV caches sized for a step's samples
         pool = RolloutPool(config.rollout, model_path, str(model_dtype(config.model)).removeprefix("torch."),
                            config.train.seed, config.train.batch_size, config.run.hang_timeout_s, out / "logs",

@@ -27,10 +27,10 @@ from oxrl_core.demo import RL_CONFIG
 
 HERE = Path(__file__).resolve().parent
 RUN = ("import json, sys; from pathlib import Path; from rich.console import Console; "
-       "from oxrl_core.demo import demo_data; from oxrl_core.loops.preflight import load_rl_config; "
+       "from oxrl_core.demo import demo_data; from oxrl_core.resolve.run import resolve_run; "
        "from oxrl_core.loops.train import train; files = demo_data(0); "
-       "config, model = load_rl_config(Path(sys.argv[1]), [f\"data.train=[{{path: {files['rl_train']}}}]\", *sys.argv[2:]]); "
-       "times = []; train(config, model, resume=False, console=Console(file=sys.stderr), on_step=lambda step, m: "
+       "run = resolve_run('rl', Path(sys.argv[1]), [f\"data.train=[{{path: {files['rl_train']}}}]\", *sys.argv[2:]]); "
+       "times = []; train(run, resume=False, console=Console(file=sys.stderr), on_step=lambda step, m: "
        "times.append([m['time_step_s'], m.get('time_reward_s', 0.0), m['time_generate_s']])); print(json.dumps(times))")
 
 

@@ -50,9 +50,9 @@ import yaml
 from rich.console import Console
 
 from oxrl_core.data.records import prompt_messages
-from oxrl_core.loops.preflight import load_rl_config
 from oxrl_core.loops.train import train
 from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
+from oxrl_core.resolve.run import resolve_run
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
@@ -399,8 +399,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns,
                                           args.long_tail)
-    config, model_path = load_rl_config(config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"),
-                                                      f"run.save_final={args.save}", *args.overrides])
+    run = resolve_run("rl", config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}",
+                                          *args.overrides])
+    config = run.config
     rollout, ranks = config.rollout, config.run.train_ranks
     engine_gpus = rollout.engines * rollout.tensor_parallel_size
     split = rollout.placement == "split"
@@ -425,7 +426,7 @@ def main() -> None:
     fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
-        summary = train(config, model_path, resume=False, console=Console())
+        summary = train(run, resume=False, console=Console())
     keep_logs(Path(summary["run_dir"]), args.out, args.save)
     # The reference again, after the loop: does the host itself generate slower than before the run?
     standalone_after = standalone_in_own_process(1) if reference else {"tokens_per_s": None}

@@ -22,8 +22,8 @@ import torch
 import yaml
 from rich.console import Console
 
-from oxrl_core.loops.preflight import load_sl_config
 from oxrl_core.loops.train import train
+from oxrl_core.resolve.run import resolve_run
 from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
                      keep_logs, train_flops_per_token, workload_parser, write_prompts)
 
@@ -54,9 +54,9 @@ def main() -> None:
         "deepspeed": {"zero_stage": 3},
         "run": {"name": "sl-step", "output_dir": str(args.out / "runs"), "train_ranks": args.gpus, "save_final": False},
     }))
-    config, model_path = load_sl_config(config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"),
-                                                      f"run.save_final={args.save}", *args.overrides])
-    summary = train(config, model_path, resume=False, console=Console())
+    run = resolve_run("sl", config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}",
+                                          *args.overrides])
+    summary = train(run, resume=False, console=Console())
     keep_logs(Path(summary["run_dir"]), args.out, args.save)
     history = summary["history"]
     measured = history[1:] or history  # the first step compiles and allocates
@@ -67,7 +67,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": args.gpus,
               "shape": args.shape, "overrides": args.overrides, "params": n_params, "step_s": step_s,
               "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / args.gpus,
-              "mfu": train_flops_per_token(config, n_params) * tokens_per_s / (PEAK_FLOPS * args.gpus),
+              "mfu": train_flops_per_token(run.config, n_params) * tokens_per_s / (PEAK_FLOPS * args.gpus),
               "trainer_peak_memory_gb": max(peaks) if peaks else None,
               "per_step": [{key: h.get(key) for key in ("step_time_s", "tokens_per_s", "loss", "trainer_peak_memory_gb")}
                            for h in history]}

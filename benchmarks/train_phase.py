@@ -26,7 +26,7 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.preflight import load_rl_config, placement_request, trainer_spec
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.fused_head import fused_token_logprobs
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
@@ -64,11 +64,11 @@ def time_variant(config_path: Path, overrides: list[str], model_flops: float, at
     """The variant's overrides, then the batch that `sequences` a rank in its micro-batches make."""
     variant = load_config(RLConfig, config_path, overrides)  # unchecked: its batch arithmetic is set below
     train, ranks = variant.train, variant.run.train_ranks
-    config, model_path = load_rl_config(config_path, [*overrides, f"train.batch_size={ranks * sequences}",
-                                                      f"train.grad_accum={sequences // train.micro_batch_size}"])
-    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-        return time_group(TrainGroup(trainer_spec(config), model_path, config_path.parent / "train-phase-logs", reservation),
-                          config, overrides, model_flops, attention_flops, steps, sequences)
+    run = resolve_run("rl", config_path, [*overrides, f"train.batch_size={ranks * sequences}",
+                                          f"train.grad_accum={sequences // train.micro_batch_size}"])
+    with ray_cluster(run.placement, run.config.run.hang_timeout_s) as reservation:
+        return time_group(TrainGroup(run.trainer, run.model_path, config_path.parent / "train-phase-logs", reservation),
+                          run.config, overrides, model_flops, attention_flops, steps, sequences)
 
 
 def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float,

@@ -25,7 +25,8 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import free_port
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.preflight import load_rl_config, trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.training.engine import TrainEngine
 from rl_step import prepare
 from train_phase import ALG, loss_args, micro_batches
@@ -44,7 +45,8 @@ def main() -> None:
     config_path = out / "work" / "rl_step.yaml"
     if args.rank is None:  # the parent (or the only rank): the model, and the config checked with every GPU in sight
         prepare(out / "work", steps=1, shape="0.5b", gpus=args.ranks)
-        config, model_path = load_rl_config(config_path, args.overrides)
+        run = resolve_run("rl", config_path, args.overrides)
+        config, model_path = run.config, run.model_path
     else:  # a child sees its one GPU: the config its parent checked
         config = load_config(RLConfig, config_path, args.overrides)
         model_path = config.model.name_or_path
@@ -57,7 +59,8 @@ def main() -> None:
     rank, port = args.rank or 0, args.port or free_port()
     # every rank runs every step (ZeRO's collectives); rank 0 times, profiles and reports
     report = open(out / "profile.txt" if rank == 0 else os.devnull, "w")  # the engine sends stdout to its rank log
-    engine = TrainEngine(trainer_spec(config), model_path, rank, args.ranks, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), model_path, rank, args.ranks,
+                         ("127.0.0.1", port), out / "logs")
     # every rank makes every rank's micro-batches (the same seeded ones) and trains its own; the loss's normalisers
     # count them all
     per_rank = micro_batches(config)

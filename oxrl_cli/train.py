@@ -27,9 +27,9 @@ def sl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Supervised and preference training on DeepSpeed: SFT, CPT, KD, DPO, IPO, SimPO, ORPO, RM, KTO, RFT, SPIN, Online DPO."""
-    from oxrl_core.loops.preflight import load_sl_config  # imports torch: not for every `oxrl --help`
+    from oxrl_core.resolve.run import resolve_run  # imports torch: not for every `oxrl --help`
 
-    resolved, model_path = load_sl_config(config, _with_flags(overrides, alg, strict))
+    resolved = resolve_run("sl", config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
@@ -37,7 +37,7 @@ def sl(
     from oxrl_core.loops.train import train  # after validation: a refused config or a dry run need not import it
 
     console = Console()
-    render_sl_summary(train(resolved, model_path, resume, console), console)
+    render_sl_summary(train(resolved, resume, console), console)
 
 
 @train_app.command("rl")
@@ -51,9 +51,9 @@ def rl(
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Reinforcement learning: vLLM rollouts, verifiable rewards, DeepSpeed updates, all under Ray."""
-    from oxrl_core.loops.preflight import load_rl_config  # imports torch: not for every `oxrl --help`
+    from oxrl_core.resolve.run import resolve_run  # imports torch: not for every `oxrl --help`
 
-    resolved, model_path = load_rl_config(config, _with_flags(overrides, alg, strict))
+    resolved = resolve_run("rl", config, _with_flags(overrides, alg, strict))
     if dry_run:
         _dry_run(resolved)
         return
@@ -61,7 +61,7 @@ def rl(
     from oxrl_core.loops.train import train  # after validation: a refused config or a dry run need not import it
 
     console = Console()
-    render_rl_summary(train(resolved, model_path, resume, console), console)
+    render_rl_summary(train(resolved, resume, console), console)
 
 
 def _starting_with(names: tuple[str, ...], incomplete: str) -> list[str]:
@@ -69,16 +69,14 @@ def _starting_with(names: tuple[str, ...], incomplete: str) -> list[str]:
     return [name for name in names if name.startswith(incomplete)]
 
 
-def _dry_run(config) -> None:
+def _dry_run(resolved) -> None:
     """Print the resolved config. A run that scores samples resolves its reward function here as it would (a
     shipped name, or `module:function` imported), so a typo fails now and not after the engines have started."""
-    from oxrl_core.algs.registry import ALGORITHMS  # the records import torch: not for every `oxrl --help`
-
-    if ALGORITHMS[config.train.alg].rewards:
-        from oxrl_core.config.schema import RLConfig
+    config = resolved.config
+    if resolved.algorithm.rewards:
         from oxrl_core.rewards import resolve_reward
 
-        resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge if isinstance(config, RLConfig) else None)
+        resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge if resolved.algorithm.loop == "rl" else None)
     typer.echo(dump_config(config), nl=False)
 
 

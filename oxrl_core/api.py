@@ -7,25 +7,21 @@
     trainer.train(alg="dpo", data="prefs.jsonl", steps=200)  # any algorithm of `oxrl train sl|rl`
 
 Sections are the config file's (README: config reference) given as dicts; they are
-validated and checked exactly as a YAML file is, before anything starts. What the
-machine has decides the defaults a config file would spell out: how many DeepSpeed
-ranks, and on GPUs where vLLM goes.
+validated and checked exactly as a YAML file is, before anything starts (`resolve_run`).
+What the machine has decides the defaults a config file would spell out: how many
+DeepSpeed ranks, and on GPUs where vLLM goes.
 """
 
-import copy
 import os
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
-from oxrl_core.config.load import validate
 from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
-from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import check_config
 from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+from oxrl_core.resolve.run import merged, resolve_run
 
 TASKS = {"reasoning": "RL with a verifiable math reward (`reward.func: math`); without `data`, on synthetic arithmetic"}
 
@@ -34,7 +30,7 @@ class Trainer:
     def __init__(self, model: str = "oxrl-tiny", **sections: dict):
         """`model`: a local folder, a Hub id or `oxrl-tiny`; `sections`: config sections (lora, deepspeed, run, ...)
         shared by every `train` call."""
-        self.sections = _merged({"model": {"name_or_path": model}}, sections)
+        self.sections = merged({"model": {"name_or_path": model}}, sections)
 
     def train(self, alg: str | None = None, data: str | Path | list | None = None, task: str | None = None,
               steps: int | None = None, console: Console | None = None, **sections: dict) -> dict:
@@ -63,34 +59,6 @@ class Trainer:
                "data": {"train": [{"path": str(f)} for f in files]}}
         if task == "reasoning":
             run["reward"] = {"func": "math"}
-        tree = _merged(_merged(self.sections, run), sections)
-        schema = RLConfig if rl else SLConfig
-        tree = _merged(hardware_defaults(tree, schema), tree)
-        config = validate(schema, tree)
-        model_path = check_config(config)
-        return train(config, model_path, resume=False, console=console or Console())
-
-
-def hardware_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:
-    """What a config file would say for this machine: one DeepSpeed rank per GPU (RL on 2+ GPUs leaves one to
-    vLLM; on 1 GPU they share it), one rank on CPU; gradient accumulation that makes the batch add up."""
-    gpus = torch.cuda.device_count()
-    rl = schema is RLConfig
-    ranks = tree.get("run", {}).get("train_ranks") or (max(1, gpus - 1) if rl and gpus > 1 else max(1, gpus))
-    train = schema.model_fields["train"].default
-    batch = tree["train"].get("batch_size", train.batch_size)
-    micro = min(tree["train"].get("micro_batch_size", train.micro_batch_size), max(1, batch // ranks))
-    defaults = {"run": {"train_ranks": ranks}, "train": {"micro_batch_size": micro}}
-    if "grad_accum" not in tree["train"] and batch % (micro * ranks) == 0:
-        defaults["train"]["grad_accum"] = batch // (micro * ranks)
-    if ranks > 1:
-        defaults["deepspeed"] = {"zero_stage": 3}
-    return defaults
-
-
-def _merged(base: dict, update: dict) -> dict:
-    """`update` laid over `base`, section by section (a new dict; neither is changed)."""
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
-    return out
+        tree = merged(merged(self.sections, run), sections)
+        resolved = resolve_run("rl" if rl else "sl", sections=tree, machine_defaults=True)
+        return train(resolved, resume=False, console=console or Console())

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.loops.train import train
 from oxrl_core.preprocess.arithmetic import every_arithmetic_problem, off_by_one_sft_records, sft_records, write_jsonl
+from oxrl_core.resolve.run import resolve_run
 
 SFT_CONFIG = Path(__file__).with_name("demo_sft.yaml")
 RL_CONFIG = Path(__file__).with_name("demo_rl.yaml")
@@ -64,20 +64,20 @@ def demo_data(seed: int) -> dict[str, Path]:
 
 def train_demo_sft(console: Console, files: dict[str, Path], seed: int, name: str) -> tuple[dict, int]:
     """The demo's SFT run; returns its summary and step count."""
-    config, model_path = load_sl_config(SFT_CONFIG, [
+    run = resolve_run("sl", SFT_CONFIG, [
         f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}",
         f"train.seed={seed}"])
-    return train(config, model_path, resume=False, console=console), config.train.steps
+    return train(run, resume=False, console=console), run.config.train.steps
 
 
 def train_demo_rl(console: Console, files: dict[str, Path], sft_checkpoint: str, seed: int, name: str,
                   config_path: Path = RL_CONFIG, overrides: tuple[str, ...] = ()) -> tuple[dict, int]:
     """The demo's RL run from `sft_checkpoint` (`config_path` and `overrides` let a benchmark change the algorithm);
     returns its summary and step count."""
-    config, sft_model = load_rl_config(config_path, [
+    run = resolve_run("rl", config_path, [
         f"model.name_or_path={sft_checkpoint}", f"data.train=[{{path: {files['rl_train']}}}]",
         f"data.val={files['rl_val']}", f"run.name={name}", f"train.seed={seed}", *overrides])
-    return train(config, sft_model, resume=False, console=console), config.train.steps
+    return train(run, resume=False, console=console), run.config.train.steps
 
 
 def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path) -> Path:

@@ -100,8 +100,9 @@ def train(model_path: str, variant: str) -> dict:
     if deepspeed_engine:
         import deepspeed
 
+        from oxrl_core.algs.registry import ALGORITHMS
         from oxrl_core.config.schema import RLConfig, SLConfig
-        from oxrl_core.loops.preflight import trainer_spec
+        from oxrl_core.resolve.checks import trainer_spec
         from oxrl_core.training.deepspeed_setup import deepspeed_config
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
@@ -110,7 +111,7 @@ def train(model_path: str, variant: str) -> dict:
             "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": 1},
             "train": {"batch_size": MICRO_BATCH * ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": ACCUM,
                       "max_grad_norm": 1.0}})
-        config = deepspeed_config(trainer_spec(run))
+        config = deepspeed_config(trainer_spec(run, ALGORITHMS[run.train.alg]))
         if optimizer_kind == "deepspeed-fp32acc":  # the probe's variable: micro-batch gradients summed in float32
             config["data_types"] = {"grad_accum_dtype": "fp32"}
         engine, *_ = deepspeed.initialize(

@@ -41,14 +41,15 @@ def measure(stage: int, accumulation: str, seed: int, port: int) -> dict:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     import deepspeed
 
+    from oxrl_core.algs.registry import ALGORITHMS
     from oxrl_core.config.schema import SLConfig
-    from oxrl_core.loops.preflight import trainer_spec
+    from oxrl_core.resolve.checks import trainer_spec
     from oxrl_core.training.deepspeed_setup import deepspeed_config
 
     run = SLConfig.model_validate({  # bf16 with DeepSpeed's overflow check, as an SL run has it
         "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": stage},
         "train": {"batch_size": 2 * MICRO_BATCHES, "micro_batch_size": 2, "grad_accum": MICRO_BATCHES}})
-    config = deepspeed_config(trainer_spec(run))
+    config = deepspeed_config(trainer_spec(run, ALGORITHMS[run.train.alg]))
     config["gradient_clipping"] = 0.0  # the probe's: no clipping (DeepSpeed's 0), so the update is the gradient itself
     config["zero_allow_untested_optimizer"] = True  # the probe's: SGD as the client optimizer
     if accumulation == "fp32":  # the probe's variable: micro-batch gradients summed in float32

@@ -65,8 +65,9 @@ def measure(variant: str, profile: bool) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from oxrl_core.algs.registry import ALGORITHMS
     from oxrl_core.config.schema import SLConfig
-    from oxrl_core.loops.preflight import trainer_spec
+    from oxrl_core.resolve.checks import trainer_spec
     from oxrl_core.training.build import compile_blocks
     from oxrl_core.training.deepspeed_setup import deepspeed_config
 
@@ -114,7 +115,7 @@ def measure(variant: str, profile: bool) -> dict:
             "deepspeed": {"zero_stage": int(stage[-1])},
             "train": {"batch_size": MICRO_BATCH * GRAD_ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": GRAD_ACCUM,
                       "max_grad_norm": 1.0}})
-        config = deepspeed_config(trainer_spec(run))
+        config = deepspeed_config(trainer_spec(run, ALGORITHMS[run.train.alg]))
         deepspeed.init_distributed(dist_backend="gloo")
         keep = HfDeepSpeedConfig(config)  # noqa: F841 (ZeRO-3 builds the model partitioned while it lives)
         model = Qwen2ForCausalLM(shape).to(torch.bfloat16)

@@ -19,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import free_port
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.preflight import load_rl_config, trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.training.engine import TrainEngine
 from rl_step import prepare
 from train_phase import loss_args, micro_batches
@@ -44,7 +46,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         if not config_path.exists():
             prepare(args.out / "work", steps=1, shape="0.5b", gpus=2)
-        load_rl_config(config_path, OVERRIDES)  # checked with both GPUs in sight
+        resolve_run("rl", config_path, OVERRIDES)  # checked with both GPUs in sight
         port = free_port()
         children = [subprocess.Popen([sys.executable, __file__, str(args.out), "--recompile-limit", str(args.recompile_limit),
                                       "--sequences", str(args.sequences), "--rank", str(rank), "--port", str(port)],
@@ -54,8 +56,8 @@ def main() -> None:
         sys.exit(max(child.wait() for child in children))
     torch._dynamo.config.recompile_limit = args.recompile_limit
     config = load_config(RLConfig, config_path, OVERRIDES)
-    engine = TrainEngine(trainer_spec(config), config.model.name_or_path, args.rank, 2, ("127.0.0.1", args.port),
-                         args.out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), config.model.name_or_path, args.rank, 2,
+                         ("127.0.0.1", args.port), args.out / "logs")
     # each rank makes both ranks' micro-batches (the same seeded ones) and trains its own; the loss's normalisers count
     # them all
     per_rank = micro_batches(config, args.sequences)

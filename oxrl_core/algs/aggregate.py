@@ -41,6 +41,12 @@ def clipped_surrogate(
     return loss, ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
 
 
+def per_token_means(sums: dict[str, float]) -> dict[str, float]:
+    """A policy loss's metrics: each of its sums (`clip_frac_sum`, `kl_ref_sum`, ..., and the trainer's
+    `entropy_sum`) as a mean per response token of the batch (`clip_frac`, `kl_ref`, ..., `entropy`)."""
+    return {key.removesuffix("_sum"): value / sums["tokens"] for key, value in sums.items() if key.endswith("_sum")}
+
+
 @dataclass(frozen=True)
 class PolicyLossArgs(LossArgs):
     """What every clipped policy loss (SGRPO, CISPO, PPO) takes: its clip range, its aggregation and the normalisers."""

@@ -19,6 +19,9 @@ from oxrl_core.errors import OxrlError
 Batch = dict[str, torch.Tensor]
 LossResult = tuple[torch.Tensor, dict[str, torch.Tensor]]  # the micro-batch's share of the loss, metric sums
 BatchLoss = Callable[[Batch, Batch, Any], LossResult]  # (model outputs, micro-batch, args): `Algorithm.loss`
+# Every rank's metric sums of a batch, as its loss returned them (an RL loop adds `tokens`, the batch's response
+# tokens) -> the metrics reported
+Metrics = Callable[[dict[str, float]], dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class GlobalBatch:
 
     micro_batches: list[Batch]
     max_len: float = 0.0  # the constant of Dr. GRPO's token-sum normalisation (rollout.max_tokens)
-    kl_baseline: float = 0.0  # KTO's reference point z, estimated by the loop before the step
+    kl_baseline: float = 0.0  # KTO's reference point z (`Algorithm.kl_baseline`), of the step's batch
 
     def tokens(self) -> float:
         """Response tokens."""
@@ -83,6 +86,7 @@ class Algorithm:
     data: Literal["conversations", "pairs", "unpaired", "text", "prompts", "demonstrations"]  # what data.train holds
     loss: BatchLoss  # (model outputs, micro-batch, args); the trainer ranks receive it with each step
     args: Callable[[Any, GlobalBatch], LossArgs]  # (its settings, the step's global batch)
+    metrics: Metrics  # what its loss's sums report
     settings: type[Settings] = Settings  # its `train.<alg>` block
     reference: Reference = "none"
     critic: bool = False  # a value head trains beside the policy (PPO)
@@ -99,6 +103,9 @@ class Algorithm:
     # until the batch is full (DAPO's dynamic sampling, at most its `max_sampling_rounds` rounds a step)
     dynamic_sampling: bool = False
     check: Callable[[Any], None] | None = None  # its own checks of the run config, before any engine starts
+    # A reference point the loss needs of each batch, from the policy's and the reference's sequence logprobs [N] of
+    # its prompts paired with other examples' completions (KTO's z); the loop computes those logprobs
+    kl_baseline: Callable[[torch.Tensor, torch.Tensor], float] | None = None
 
     @property
     def generates(self) -> bool:

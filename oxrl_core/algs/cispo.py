@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.settings import Aggregation, Clip, GroupScaling, PolicyGradient
 
@@ -43,4 +43,4 @@ def make_args(settings: CISPOSettings, batch: GlobalBatch) -> PolicyLossArgs:
     return PolicyLossArgs(**PolicyLossArgs.common(settings, batch))
 
 
-ALGORITHM = Algorithm("cispo", "rl", "prompts", batch_loss, make_args, CISPOSettings, advantages="group", episodes=True)
+ALGORITHM = Algorithm("cispo", "rl", "prompts", batch_loss, make_args, per_token_means, CISPOSettings, advantages="group", episodes=True)

@@ -6,4 +6,4 @@ The loss is SFT's (`sft.py`) with every token a response token; what differs is 
 from oxrl_core.algs import sft
 from oxrl_core.algs.base import Algorithm
 
-ALGORITHM = Algorithm("cpt", "sl", "text", sft.batch_loss, sft.make_args)
+ALGORITHM = Algorithm("cpt", "sl", "text", sft.batch_loss, sft.make_args, sft.nll_means)

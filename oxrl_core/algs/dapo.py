@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.aggregate import clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.settings import Clip, GroupScaling, PolicyGradient, PositiveInt
 
@@ -56,5 +56,5 @@ def make_args(settings: DAPOSettings, batch: GlobalBatch) -> DAPOArgs:
     return DAPOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_tokens=batch.tokens())
 
 
-ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, DAPOSettings, advantages="group", episodes=True,
+ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, per_token_means, DAPOSettings, advantages="group", episodes=True,
                       dynamic_sampling=True)

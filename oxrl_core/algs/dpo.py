@@ -17,7 +17,7 @@ from pydantic import Field
 import torch.nn.functional as F
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
-from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.pairs import pair_means, pair_metrics
 from oxrl_core.algs.settings import PreferenceBeta, ReferenceChoice
 
 
@@ -65,4 +65,4 @@ def make_args(settings: DPOLossSettings, batch: GlobalBatch) -> DPOArgs:
     return DPOArgs(beta=settings.beta, label_smoothing=settings.label_smoothing, num_pairs=batch.pairs())
 
 
-ALGORITHM = Algorithm("dpo", "sl", "pairs", batch_loss, make_args, DPOSettings, reference="configurable")
+ALGORITHM = Algorithm("dpo", "sl", "pairs", batch_loss, make_args, pair_means, DPOSettings, reference="configurable")

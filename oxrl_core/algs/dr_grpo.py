@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import Field
 
 from oxrl_core.algs import sgrpo
+from oxrl_core.algs.aggregate import per_token_means
 from oxrl_core.algs.base import Algorithm
 from oxrl_core.algs.settings import Clip, KLPenalty, LossAgg, PolicyGradient
 
@@ -32,5 +33,5 @@ class DrGRPOSettings(PolicyGradient, KLPenalty, Clip):
         return "seq-mean-token-sum-norm"
 
 
-ALGORITHM = Algorithm("dr-grpo", "rl", "prompts", sgrpo.batch_loss, sgrpo.make_args, DrGRPOSettings, reference="kl",
+ALGORITHM = Algorithm("dr-grpo", "rl", "prompts", sgrpo.batch_loss, sgrpo.make_args, per_token_means, DrGRPOSettings, reference="kl",
                       advantages="group", episodes=True)

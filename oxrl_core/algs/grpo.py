@@ -14,7 +14,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.aggregate import clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.kl import k3
 from oxrl_core.algs.settings import GroupScaling, KLPenalty, PolicyGradient
@@ -64,5 +64,5 @@ def make_args(settings: GRPOSettings, batch: GlobalBatch) -> GRPOArgs:
     return GRPOArgs(clip_low=settings.clip_low, kl_coeff=settings.kl_coeff, num_seqs=batch.sequences())
 
 
-ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, GRPOSettings, reference="kl", advantages="group",
+ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, per_token_means, GRPOSettings, reference="kl", advantages="group",
                       episodes=True)

@@ -17,7 +17,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.aggregate import clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.settings import Clip, GroupScaling, PolicyGradient
 
@@ -65,4 +65,4 @@ def make_args(settings: GSPOSettings, batch: GlobalBatch) -> GSPOArgs:
                     token_gradients=False)
 
 
-ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, GSPOSettings, advantages="group", episodes=True)
+ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, per_token_means, GSPOSettings, advantages="group", episodes=True)

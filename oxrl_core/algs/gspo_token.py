@@ -7,6 +7,7 @@ weighted by its own."""
 from dataclasses import replace
 
 from oxrl_core.algs import gspo
+from oxrl_core.algs.aggregate import per_token_means
 from oxrl_core.algs.base import Algorithm, GlobalBatch
 
 
@@ -14,5 +15,5 @@ def make_args(settings: gspo.GSPOSettings, batch: GlobalBatch) -> gspo.GSPOArgs:
     return replace(gspo.make_args(settings, batch), token_gradients=True)
 
 
-ALGORITHM = Algorithm("gspo-token", "rl", "prompts", gspo.batch_loss, make_args, gspo.GSPOSettings, advantages="group",
+ALGORITHM = Algorithm("gspo-token", "rl", "prompts", gspo.batch_loss, make_args, per_token_means, gspo.GSPOSettings, advantages="group",
                       episodes=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
-from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.pairs import pair_means, pair_metrics
 from oxrl_core.algs.settings import PreferenceBeta, ReferenceChoice
 
 
@@ -56,4 +56,4 @@ def make_args(settings: IPOSettings, batch: GlobalBatch) -> IPOArgs:
     return IPOArgs(beta=settings.beta, num_pairs=batch.pairs())
 
 
-ALGORITHM = Algorithm("ipo", "sl", "pairs", batch_loss, make_args, IPOSettings, reference="configurable")
+ALGORITHM = Algorithm("ipo", "sl", "pairs", batch_loss, make_args, pair_means, IPOSettings, reference="configurable")

@@ -47,6 +47,12 @@ def batch_loss(outputs: Batch, batch: Batch, args: KDArgs) -> LossResult:
     return kd_loss(kl, outputs["logprobs"], batch["response_mask"], **asdict(args))
 
 
+def kd_means(sums: dict[str, float]) -> dict[str, float]:
+    """The data's NLL and the KL to the teacher, each per response token."""
+    tokens = max(sums["tokens"], 1.0)
+    return {"nll": sums["nll_sum"] / tokens, "kl": sums["kl_sum"] / tokens}
+
+
 class KDSettings(Settings):
     teacher: str | None = Field(None, description="The teacher model (local folder or Hub id); its tokenizer must be "
                                                   "the student's.")
@@ -59,4 +65,4 @@ def make_args(settings: KDSettings, batch: GlobalBatch) -> KDArgs:
     return KDArgs(alpha=settings.alpha, temperature=settings.temperature, num_tokens=batch.tokens())
 
 
-ALGORITHM = Algorithm("kd", "sl", "conversations", batch_loss, make_args, KDSettings, teacher=True)
+ALGORITHM = Algorithm("kd", "sl", "conversations", batch_loss, make_args, kd_means, KDSettings, teacher=True)

@@ -5,8 +5,8 @@ With ratio = lp - ref (sequence logprob sums) and the reference point z = max(0,
     desirable:   w_D * (1 - sigmoid(beta (ratio - z)))
     undesirable: w_U * (1 - sigmoid(beta (z - ratio)))
 
-The caller estimates the KL from mismatched prompt/completion pairs and passes it as a plain
-number, so z carries no gradient (as in the paper). 1 - sigmoid(x) is computed as sigmoid(-x).
+z is estimated from mismatched prompt/completion pairs (`kl_baseline`, the loop computes their logprobs) and
+passed as a plain number, so it carries no gradient (as in the paper). 1 - sigmoid(x) is computed as sigmoid(-x).
 """
 
 from dataclasses import asdict, dataclass
@@ -60,6 +60,19 @@ def batch_loss(outputs: Batch, batch: Batch, args: KTOArgs) -> LossResult:
     return kto_loss(logps, batch["ref_logps"], lengths, batch["desirable"], **asdict(args))
 
 
+def kl_baseline(policy_logps: torch.Tensor, reference_logps: torch.Tensor) -> float:
+    """z: the mean log-ratio of policy to reference over [N] prompts paired with other examples' completions, at
+    least 0."""
+    return max(0.0, (policy_logps - reference_logps).mean().item())
+
+
+def kto_means(sums: dict[str, float]) -> dict[str, float]:
+    """The mean implicit reward of each kind, and their margin (TRL's names)."""
+    desirable = sums["reward_desirable_sum"] / max(sums["desirable"], 1.0)
+    undesirable = sums["reward_undesirable_sum"] / max(sums["undesirable"], 1.0)
+    return {"rewards/desirable": desirable, "rewards/undesirable": undesirable, "rewards/margins": desirable - undesirable}
+
+
 class KTOSettings(ReferenceChoice, PreferenceBeta):
     desirable_weight: PositiveFloat = Field(1.0, description="Weight of desirable examples.")
     undesirable_weight: PositiveFloat = Field(1.0, description="Weight of undesirable examples.")
@@ -70,4 +83,5 @@ def make_args(settings: KTOSettings, batch: GlobalBatch) -> KTOArgs:
                    undesirable_weight=settings.undesirable_weight, num_examples=batch.sequences_with_tokens())
 
 
-ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, KTOSettings, reference="configurable")
+ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, kto_means, KTOSettings, reference="configurable",
+                      kl_baseline=kl_baseline)

@@ -7,6 +7,7 @@ score the same gives no preference: its pair is masked out.
 
 from oxrl_core.algs import dpo
 from oxrl_core.algs.base import Algorithm
+from oxrl_core.algs.pairs import pair_means
 from oxrl_core.errors import OxrlError
 
 
@@ -16,5 +17,5 @@ def check(config) -> None:
                         f"least 2 samples per prompt")
 
 
-ALGORITHM = Algorithm("online-dpo", "sl", "prompts", dpo.batch_loss, dpo.make_args, dpo.DPOLossSettings, reference="model",
+ALGORITHM = Algorithm("online-dpo", "sl", "prompts", dpo.batch_loss, dpo.make_args, pair_means, dpo.DPOLossSettings, reference="model",
                       self_play="best-over-worst", check=check)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
-from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.pairs import pair_means, pair_metrics
 from oxrl_core.algs.settings import PositiveFloat, Settings
 
 
@@ -55,6 +55,11 @@ def batch_loss(outputs: Batch, batch: Batch, args: ORPOArgs) -> LossResult:
     return orpo_loss(*pair_sums(outputs, batch), **asdict(args))
 
 
+def orpo_means(sums: dict[str, float]) -> dict[str, float]:
+    """The pairs' means, and the mean log odds(chosen) - log odds(rejected) (TRL's log_odds_chosen)."""
+    return pair_means(sums) | {"log_odds_chosen": sums["log_odds_ratio_sum"] / max(sums["pairs"], 1.0)}
+
+
 class ORPOSettings(Settings):
     lam: PositiveFloat = Field(0.1, description="Weight of the odds-ratio term against the chosen NLL.")
 
@@ -64,4 +69,4 @@ def make_args(settings: ORPOSettings, batch: GlobalBatch) -> ORPOArgs:
     return ORPOArgs(lam=settings.lam, num_pairs=batch.pairs(), num_chosen_tokens=chosen_tokens)
 
 
-ALGORITHM = Algorithm("orpo", "sl", "pairs", batch_loss, make_args, ORPOSettings)
+ALGORITHM = Algorithm("orpo", "sl", "pairs", batch_loss, make_args, orpo_means, ORPOSettings)

@@ -1,4 +1,4 @@
-"""The metric sums every pairwise preference loss reports (DPO, IPO, SimPO, ORPO, RM)."""
+"""The metric sums every pairwise preference loss reports (DPO, IPO, SimPO, ORPO, RM), and their means."""
 
 import torch
 
@@ -12,3 +12,10 @@ def pair_metrics(reward_chosen: torch.Tensor, reward_rejected: torch.Tensor, val
         "reward_margin_sum": (reward_chosen - reward_rejected).sum().detach(),
         "pairs": valid.sum().float(),
     }
+
+
+def pair_means(sums: dict[str, float]) -> dict[str, float]:
+    """The means over a batch's pairs, by TRL's names."""
+    n = max(sums["pairs"], 1.0)
+    return {"rewards/chosen": sums["reward_chosen_sum"] / n, "rewards/rejected": sums["reward_rejected_sum"] / n,
+            "rewards/accuracies": sums["reward_correct_sum"] / n, "rewards/margins": sums["reward_margin_sum"] / n}

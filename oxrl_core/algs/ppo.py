@@ -9,7 +9,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.settings import (Aggregation, Clip, Discount, KLPenalty, PolicyGradient, PositiveFloat,
                                      Whitening)
@@ -73,5 +73,5 @@ def make_args(settings: PPOSettings, batch: GlobalBatch) -> PPOArgs:
 
 
 # Episodes: PPO's per-token advantages across environment turns are not built.
-ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, PPOSettings, reference="kl", critic=True,
+ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, per_token_means, PPOSettings, reference="kl", critic=True,
                       advantages="gae")

@@ -16,7 +16,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.settings import Aggregation, Clip, Discount, KLPenalty, PolicyGradient, Whitening
 
@@ -52,5 +52,5 @@ def make_args(settings: ReinforcePPSettings, batch: GlobalBatch) -> PolicyLossAr
 
 
 # Episodes: a token's return across environment turns would credit the environment's tokens; not built.
-ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, ReinforcePPSettings, reference="kl",
+ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, per_token_means, ReinforcePPSettings, reference="kl",
                       advantages="reinforce++")

@@ -4,7 +4,8 @@ samples that needs no critic; unlike GRPO, nothing is divided by the group's std
 over the whole batch."""
 
 from oxrl_core.algs import reinforce_pp
+from oxrl_core.algs.aggregate import per_token_means
 from oxrl_core.algs.base import Algorithm
 
 ALGORITHM = Algorithm("reinforce++-baseline", "rl", "prompts", reinforce_pp.batch_loss, reinforce_pp.make_args,
-                      reinforce_pp.ReinforcePPSettings, reference="kl", advantages="reinforce++-baseline")
+                      per_token_means, reinforce_pp.ReinforcePPSettings, reference="kl", advantages="reinforce++-baseline")

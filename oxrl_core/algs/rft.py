@@ -15,5 +15,5 @@ class RFTSettings(Iterations):
     threshold: float = Field(1.0, description="Keep sampled completions whose reward is at least this.")
 
 
-ALGORITHM = Algorithm("rft", "sl", "prompts", sft.batch_loss, sft.make_args, RFTSettings, self_play="passing", per_iteration=True,
+ALGORITHM = Algorithm("rft", "sl", "prompts", sft.batch_loss, sft.make_args, sft.nll_means, RFTSettings, self_play="passing", per_iteration=True,
                       check=check_iterations)

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import torch
 from pydantic import Field
 
-from oxrl_core.algs.aggregate import clipped_surrogate
+from oxrl_core.algs.aggregate import clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossArgs, LossResult
 from oxrl_core.algs.settings import Clip, Correction, KLPenalty
 from oxrl_core.errors import OxrlError
@@ -69,5 +69,5 @@ def check(config) -> None:
                         f"prompt; use 2 or more")
 
 
-ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, RLOOSettings, reference="kl",
+ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, per_token_means, RLOOSettings, reference="kl",
                       advantages="leave-one-out", episodes=True, check=check)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs
-from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.pairs import pair_means, pair_metrics
 
 
 def rm_loss(
@@ -40,4 +40,4 @@ def make_args(settings, batch: GlobalBatch) -> PairArgs:
     return PairArgs(num_pairs=batch.pairs())
 
 
-ALGORITHM = Algorithm("rm", "sl", "pairs", batch_loss, make_args, scalar_head=True)
+ALGORITHM = Algorithm("rm", "sl", "pairs", batch_loss, make_args, pair_means, scalar_head=True)

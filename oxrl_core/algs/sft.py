@@ -30,8 +30,13 @@ def batch_loss(outputs: Batch, batch: Batch, args: SFTArgs) -> LossResult:
     return sft_loss(outputs["logprobs"], batch["response_mask"], **asdict(args))
 
 
+def nll_means(sums: dict[str, float]) -> dict[str, float]:
+    """The mean negative log-likelihood per response token (held out: the eval loss, `eval_nll`)."""
+    return {"nll": sums["nll_sum"] / max(sums["tokens"], 1.0)}
+
+
 def make_args(settings, batch: GlobalBatch) -> SFTArgs:
     return SFTArgs(num_tokens=batch.tokens())
 
 
-ALGORITHM = Algorithm("sft", "sl", "conversations", batch_loss, make_args)
+ALGORITHM = Algorithm("sft", "sl", "conversations", batch_loss, make_args, nll_means)

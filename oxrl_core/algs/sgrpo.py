@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate
+from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
 from oxrl_core.algs.kl import k3
 from oxrl_core.algs.settings import Aggregation, Clip, GroupScaling, KLPenalty, PolicyGradient
@@ -56,5 +56,5 @@ def make_args(settings: SGRPOSettings, batch: GlobalBatch) -> SGRPOArgs:
     return SGRPOArgs(kl_coeff=settings.kl_coeff, **PolicyLossArgs.common(settings, batch))
 
 
-ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, SGRPOSettings, reference="kl", advantages="group",
+ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, per_token_means, SGRPOSettings, reference="kl", advantages="group",
                       episodes=True)

@@ -16,7 +16,7 @@ from pydantic import Field
 import torch.nn.functional as F
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
-from oxrl_core.algs.pairs import pair_metrics
+from oxrl_core.algs.pairs import pair_means, pair_metrics
 from oxrl_core.algs.settings import PositiveFloat, Settings
 
 
@@ -56,4 +56,4 @@ def make_args(settings: SimPOSettings, batch: GlobalBatch) -> SimPOArgs:
     return SimPOArgs(beta=settings.beta, gamma=settings.gamma, num_pairs=batch.pairs())
 
 
-ALGORITHM = Algorithm("simpo", "sl", "pairs", batch_loss, make_args, SimPOSettings)
+ALGORITHM = Algorithm("simpo", "sl", "pairs", batch_loss, make_args, pair_means, SimPOSettings)

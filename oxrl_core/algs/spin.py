@@ -6,6 +6,7 @@ Each of its `iterations` rounds pairs every demonstration (chosen) with the poli
 
 from oxrl_core.algs import dpo
 from oxrl_core.algs.base import Algorithm, check_iterations
+from oxrl_core.algs.pairs import pair_means
 from oxrl_core.algs.settings import Iterations
 from oxrl_core.errors import OxrlError
 
@@ -21,5 +22,5 @@ class SPINSettings(Iterations, dpo.DPOLossSettings):
     pass
 
 
-ALGORITHM = Algorithm("spin", "sl", "demonstrations", dpo.batch_loss, dpo.make_args, SPINSettings, reference="iteration",
+ALGORITHM = Algorithm("spin", "sl", "demonstrations", dpo.batch_loss, dpo.make_args, pair_means, SPINSettings, reference="iteration",
                       self_play="against-demonstration", per_iteration=True, check=check)

@@ -9,7 +9,7 @@ from oxrl_core.errors import OxrlError
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """What a run asks of the cluster, in counts (read from its config by `oxrl_core.loops.preflight.placement_request`)."""
+    """What a run asks of the cluster, in counts (read from its config by `oxrl_core.resolve.checks.placement_request`)."""
 
     train_ranks: int  # run.train_ranks
     engines: int  # rollout.engines; 0: the run samples nothing

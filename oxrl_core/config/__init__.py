@@ -1,5 +1,5 @@
-"""Run configuration: schema (pydantic), YAML + dotted overrides. The checks at load, which need the rooms above
-this one, are `oxrl_core.loops.preflight` (`load_sl_config`, `load_rl_config`)."""
+"""Run configuration: the schema (pydantic; each algorithm's settings are declared in its own file), YAML and dotted
+overrides. A run's checks and what it resolves to are `oxrl_core.resolve`."""
 
 from oxrl_core.config.load import load_config
 

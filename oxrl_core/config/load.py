@@ -80,16 +80,22 @@ Config = TypeVar("Config", bound=BaseModel)
 
 def load_config(schema: type[Config], path: Path | None, overrides: list[str]) -> Config:
     """Read YAML (or start empty), apply overrides, validate against `schema`."""
-    tree: dict = {}
-    if path is not None:
-        if not path.is_file():
-            raise OxrlError(f"--config {path}: no such file")
-        tree = parse_yaml(path.read_text(), str(path)) or {}
-        if not isinstance(tree, dict):
-            raise OxrlError(f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}")
+    tree = read_tree(path)
     for override in overrides:
         apply_override(tree, override)
     return validate(schema, tree)
+
+
+def read_tree(path: Path | None) -> dict:
+    """A config file's sections as a dict, unvalidated ({} without a file)."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise OxrlError(f"--config {path}: no such file")
+    tree = parse_yaml(path.read_text(), str(path)) or {}
+    if not isinstance(tree, dict):
+        raise OxrlError(f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}")
+    return tree
 
 
 def validate(schema: type[Config], tree: dict) -> Config:

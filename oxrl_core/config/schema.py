@@ -3,7 +3,7 @@
 Every field here is documented by its `description`; the config reference is generated from these models
 (`oxrl_core.config.reference`). The sections every run shares are `sections.py`; each algorithm's own settings, the
 `train.<alg>` block, are declared in its file (`oxrl_core/algs/`). Cross-field and file-system checks live in
-`oxrl_core/loops/preflight.py`.
+`oxrl_core/resolve/checks.py`.
 """
 
 from typing import Annotated, Any, ClassVar, Literal

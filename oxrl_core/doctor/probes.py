@@ -202,14 +202,13 @@ def rl_step() -> dict:
     """One CISPO step on the built-in tiny model through the real loop: Ray, vLLM, the math reward, DeepSpeed."""
     from rich.console import Console
 
-    from oxrl_core.config.schema import RLConfig
-    from oxrl_core.loops.preflight import check_config
     from oxrl_core.loops.train import train
     from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+    from oxrl_core.resolve.run import resolve_run
 
     with tempfile.TemporaryDirectory(prefix="oxrl-doctor-") as folder:
         prompts = write_jsonl(arithmetic_problems(8, seed=0), Path(folder) / "prompts.jsonl")
-        config = RLConfig.model_validate({
+        run = resolve_run("rl", sections={
             "model": {"name_or_path": "oxrl-tiny"},
             "data": {"train": [{"path": str(prompts)}]},
             "train": {"alg": "cispo", "steps": 1, "batch_size": 8, "micro_batch_size": 8, "grad_accum": 1},
@@ -218,7 +217,7 @@ def rl_step() -> dict:
             "run": {"name": "smoke", "output_dir": folder},
         })
         start = time.perf_counter()
-        summary = train(config, check_config(config), resume=False, console=Console(stderr=True))
+        summary = train(run, resume=False, console=Console(stderr=True))
         step = summary["history"][-1]
         return {"seconds": time.perf_counter() - start, "reward_mean": step["reward_mean"], "policy_version": step["policy_version"]}
 

@@ -19,16 +19,15 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from oxrl_core.algs.base import Algorithm
-from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.data.records import DataReport, report_data
 from oxrl_core.loops.crash import RunPosition, crash_report
-from oxrl_core.loops.preflight import placement_request, trainer_spec
 from oxrl_core.loops.run_folder import open_run_folder, save_checkpoint
 from oxrl_core.loops.signals import StopSignals, stop_on_signals
 from oxrl_core.models.tokenizer import load_tokenizer
+from oxrl_core.resolve.run import ResolvedRun
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rollout.engine import Rollout
@@ -107,10 +106,10 @@ class Recipe(Protocol):
     def train_examples(self) -> int: ...
 
 
-def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, console: Console,
-               make_recipe: Callable[[Run], Recipe], on_step: StepHook | None = None) -> dict:
-    """Run `config` to its end (or a signal's stop) and return its summary, also written to summary.json."""
-    algorithm = ALGORITHMS[config.train.alg]
+def run_recipe(resolved: ResolvedRun, resume: bool, console: Console, make_recipe: Callable[[Run], Recipe],
+               on_step: StepHook | None = None) -> dict:
+    """Run a resolved run to its end (or a signal's stop) and return its summary, also written to summary.json."""
+    config, model_path, algorithm = resolved.config, resolved.model_path, resolved.algorithm
     run_dir, _, state, config_yaml = open_run_folder(config, resume)
     if state:
         console.print(f"resuming from the checkpoint of step {state['step']} ({run_dir / 'ds' / state['tag']})",
@@ -134,8 +133,8 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
                         "mlflow_run_id": log.run_id, "history": []}
         wait_for_builds()  # a build lock left on this machine would hold every rank until its hang deadline
         with crash_report(run_dir, config_yaml) as run.position, log, \
-                ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-            run.group, run.pool = start_actors(config, model_path, run_dir / "logs", reservation)
+                ray_cluster(resolved.placement, config.run.hang_timeout_s) as reservation:
+            run.group, run.pool = start_actors(resolved, run_dir / "logs", reservation)
             console.print(f"placement: {reservation.record(run_dir, run.group.ranks, run.pool.engines if run.pool else [])}")
             if isinstance(reward_fn, Judge):  # started once, beside the rollout engines; never refreshed
                 reward_fn.start(reservation, run_dir, config.train.batch_size)
@@ -159,12 +158,12 @@ def run_recipe(config: SLConfig | RLConfig, model_path: str, resume: bool, conso
         return run.summary
 
 
-def start_actors(config: SLConfig | RLConfig, model_path: str, log_dir: Path,
-                 reservation: Reservation) -> tuple[TrainGroup, RolloutPool | None]:
+def start_actors(resolved: ResolvedRun, log_dir: Path, reservation: Reservation) -> tuple[TrainGroup, RolloutPool | None]:
     """The run's trainer ranks and, if its algorithm samples, its vLLM engines (their KV caches sized for a step's
     samples: an RL batch counts samples, a supervised one prompts)."""
-    group = TrainGroup(trainer_spec(config), model_path, log_dir, reservation)
-    if not ALGORITHMS[config.train.alg].generates:
+    config, model_path = resolved.config, resolved.model_path
+    group = TrainGroup(resolved.trainer, model_path, log_dir, reservation)
+    if not resolved.algorithm.generates:
         return group, None
     step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else config.rollout.n_samples)
     dtype = str(model_dtype(config.model)).removeprefix("torch.")

@@ -3,18 +3,16 @@
 from rich.console import Console
 
 from oxrl_core.algs.base import Algorithm
-from oxrl_core.algs.registry import ALGORITHMS
-from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.loops.harness import StepHook, run_recipe
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient
 from oxrl_core.loops.recipes.self_play import SelfPlaySupervised
 from oxrl_core.loops.recipes.supervised import OfflineSupervised
+from oxrl_core.resolve.run import ResolvedRun
 
 
-def train(config: SLConfig | RLConfig, model_path: str, resume: bool, console: Console,
-          on_step: StepHook | None = None) -> dict:
-    """Train `config` (validated, `model_path` resolved: `loops.preflight`) and return the run's summary."""
-    return run_recipe(config, model_path, resume, console, recipe_for(ALGORITHMS[config.train.alg]), on_step)
+def train(run: ResolvedRun, resume: bool, console: Console, on_step: StepHook | None = None) -> dict:
+    """Train a resolved run (`oxrl_core.resolve`) and return its summary."""
+    return run_recipe(run, resume, console, recipe_for(run.algorithm), on_step)
 
 
 def recipe_for(algorithm: Algorithm) -> type:

@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.registry.schema import RegistryEntry
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.version import __version__
 
 # One step on the smallest batches, no held-out evaluation: this proves the model loads, trains and samples.
@@ -24,13 +24,11 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
 
     with tempfile.TemporaryDirectory(prefix="oxrl-verify-") as runs:  # the checkpoints are not kept
         console.rule(f"verify 1/2: one SFT step on {entry.model}")
-        config, model_path = load_sl_config(sft_config, [*SFT_STEP, f"run.output_dir={runs}"])
-        sft = train(config, model_path, resume=False, console=console)
+        sft = train(resolve_run("sl", sft_config, [*SFT_STEP, f"run.output_dir={runs}"]), resume=False, console=console)
         if not math.isfinite(sft["last_loss"]):
             raise OxrlError(f"--verify: the SFT step on {entry.model} gave loss {sft['last_loss']}")
         console.rule(f"verify 2/2: one RL step on {entry.model}")
-        config, model_path = load_rl_config(rl_config, [*RL_STEP, f"run.output_dir={runs}"])
-        rl = train(config, model_path, resume=False, console=console)
+        rl = train(resolve_run("rl", rl_config, [*RL_STEP, f"run.output_dir={runs}"]), resume=False, console=console)
         if [h["step"] for h in rl["history"]] != [1] or not math.isfinite(rl["history"][0]["loss"]):
             raise OxrlError(f"--verify: the RL step on {entry.model} did not finish with a finite loss: {rl['history']}")
     return entry.model_copy(update={"status": "verified", "verified_date": date.today(), "verified_versions": _versions()})

@@ -3,7 +3,7 @@
 Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT STEP...`, a STEP being
 an algorithm (`dpo`: its example, `examples/dpo_tiny.yaml`, on MODEL) or `ALG:EXAMPLE:MODEL` (`dpo:vlm_dpo_tiny:PATH`:
 another example and model, e.g. a multimodal family's). For each it loads the example as `oxrl train` does
-(preflight: defaults, the algorithm's checks), shrunk to one rank and a small batch, builds the harness's `Run` and
+(`resolve_run`: defaults, the algorithm's checks), shrunk to one rank and a small batch, builds the harness's `Run` and
 the recipe `oxrl train` would, and calls the recipe's `start` and `step(1)`: the recipe reads the data, builds the
 micro-batches, computes reference and old logprobs and advantages, and the rank (`TrainEngine`, one gloo process,
 in-process) runs the algorithm's loss, its backward and the optimizer step. What stands in is the cluster's plumbing
@@ -25,9 +25,9 @@ from rich.console import Console
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.placement import decide, local_gpus
 from oxrl_core.loops.harness import Run
-from oxrl_core.loops.preflight import load_rl_config, load_sl_config, placement_request, trainer_spec
 from oxrl_core.loops.train import recipe_for
 from oxrl_core.models.tokenizer import load_tokenizer
+from oxrl_core.resolve.run import ResolvedRun, resolve_run
 from oxrl_core.rewards import resolve_reward
 from oxrl_core.rollout.engine import Completion, SampleRequest
 from oxrl_core.rollout.pool import RolloutPool
@@ -55,8 +55,8 @@ class AnsweringSampler(RolloutPool):
     """The rollout pool's interface without vLLM: sample j of a prompt answers it right when j is even, else wrong;
     each sample carries the policy version of the last refresh, as an engine's do."""
 
-    def __init__(self, config, tokenizer, answers: dict[tuple, str]):
-        self.rollout, self.placement = config.rollout, decide(placement_request(config), local_gpus())
+    def __init__(self, resolved: ResolvedRun, tokenizer, answers: dict[tuple, str]):
+        self.rollout, self.placement = resolved.config.rollout, decide(resolved.placement, local_gpus())
         self.tokenizer, self.answers, self.version, self.engines = tokenizer, answers, 0, [[]]
 
     def stream(self, requests: list[SampleRequest], groups: list[int], follow_up=None):
@@ -82,7 +82,8 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
                  f"run.output_dir={out}", *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH)]
     if algorithm.teacher:
         overrides.append(f"train.kd.teacher={model_path}")
-    config, path = (load_rl_config if algorithm.loop == "rl" else load_sl_config)(example, overrides)
+    resolved = resolve_run(algorithm.loop, example, overrides)
+    config, path = resolved.config, resolved.model_path
     tokenizer, pad_id = load_tokenizer(path)
     reward_fn = resolve_reward(config.reward.func, config.reward.kwargs) if algorithm.rewards else None
     run_dir = out / f"{Path(model_path).name}-{example.stem}-{alg}"
@@ -92,9 +93,9 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
     data = getattr(recipe, "prompt_sets", None) or recipe.train_sets
     answers = {prompt_key(p.prompt_ids, p.media): str(p.record.get("answer", "")) for s in data for p in s
                if hasattr(p, "record")}
-    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), run_dir / "logs")
+    engine = TrainEngine(resolved.trainer, path, 0, 1, ("127.0.0.1", port), run_dir / "logs")
     group = run.group = OneRank(engine)
-    run.pool = AnsweringSampler(config, tokenizer, answers) if algorithm.generates else None
+    run.pool = AnsweringSampler(resolved, tokenizer, answers) if algorithm.generates else None
     trained = [p for p in engine.engine.module.parameters() if p.requires_grad]
     before = torch.cat([p.detach().flatten() for p in trained]).clone()
     recipe.start()

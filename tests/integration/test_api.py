@@ -48,11 +48,11 @@ def test_mistakes_raise_one_clear_error_before_anything_starts(kwargs, message, 
 
 
 def test_machine_defaults_make_the_batch_add_up_on_cpu():
-    from oxrl_core.api import hardware_defaults
     from oxrl_core.config.schema import RLConfig, SLConfig
+    from oxrl_core.resolve.run import this_machines_defaults
 
-    assert hardware_defaults({"train": {"batch_size": 32}}, RLConfig) == {
+    assert this_machines_defaults({"train": {"batch_size": 32}}, RLConfig) == {
         "run": {"train_ranks": 1}, "train": {"micro_batch_size": 8, "grad_accum": 4}}
-    assert hardware_defaults({"train": {"batch_size": 4}}, SLConfig)["train"] == {"micro_batch_size": 4, "grad_accum": 1}
-    assert hardware_defaults({"train": {}, "run": {"train_ranks": 2}}, SLConfig) == {
+    assert this_machines_defaults({"train": {"batch_size": 4}}, SLConfig)["train"] == {"micro_batch_size": 4, "grad_accum": 1}
+    assert this_machines_defaults({"train": {}, "run": {"train_ranks": 2}}, SLConfig) == {
         "run": {"train_ranks": 2}, "train": {"micro_batch_size": 4, "grad_accum": 1}, "deepspeed": {"zero_stage": 3}}

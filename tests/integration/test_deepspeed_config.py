@@ -22,8 +22,9 @@ from oxrl_core.cluster.ports import free_port
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 import deepspeed
 from deepspeed.accelerator import get_accelerator
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.training.deepspeed_setup import deepspeed_config
 
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
@@ -37,7 +38,8 @@ def engine_and_model(schema, grad_accum: int):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8).to(torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
-                                      optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), config=deepspeed_config(trainer_spec(config)))
+                                      optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                                      config=deepspeed_config(trainer_spec(config, ALGORITHMS[config.train.alg])))
     return engine, model
 
 

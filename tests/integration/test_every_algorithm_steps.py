@@ -1,4 +1,4 @@
-"""Every algorithm, end to end on one step: its example's config through preflight, its recipe's batch (data, reference
+"""Every algorithm, end to end on one step: its example's config resolved, its recipe's batch (data, reference
 and old logprobs, advantages, self-play samples and their rewards) and the real rank's train step (loss, backward,
 AdamW step) on the tiny model (`one_step_each.py`; one gloo rank, in-process, the vLLM engines replaced by a sampler
 that answers half of the samples right). The CLI runs of the pipeline's variants (ZeRO-3, two ranks, vLLM, refresh,

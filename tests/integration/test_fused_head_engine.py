@@ -23,9 +23,10 @@ import gc, sys
 from pathlib import Path
 import torch
 from deepspeed.utils import safe_get_full_grad
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.training import fused_head
-from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.training.engine import TrainEngine
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
@@ -52,7 +53,7 @@ def run(path, spec, fused):
     config = RLConfig.model_validate({**spec, "model": {"dtype": "float32", "attn_implementation": attention, **spec.get("model", {})},
         "train": {"lr": 1e-2, "batch_size": 4, "micro_batch_size": 2, "grad_accum": 1, **spec.get("train", {})},
         "data": {"train": [{"path": "unused.jsonl"}]}})
-    engine = TrainEngine(trainer_spec(config), path, rank, 2, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), path, rank, 2, ("127.0.0.1", port), out / "logs")
     engine.engine.train()
     head = engine.policy_head
     shards = [head is not None and head.weight.numel() == 0]  # ZeRO-3: outside the head's own call, an empty shard

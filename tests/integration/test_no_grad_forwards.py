@@ -20,8 +20,9 @@ RANK = """
 import gc, sys
 from pathlib import Path
 import torch
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.training.engine import TrainEngine
 
 path, port, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
@@ -47,7 +48,7 @@ def run(spec, logprobs_micro_batch_size):
         "train": {"batch_size": 2, "micro_batch_size": 2, "grad_accum": 1,
                   "logprobs_micro_batch_size": logprobs_micro_batch_size, **spec.get("train", {})},
         "data": {"train": [{"path": "unused.jsonl"}]}})
-    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), path, 0, 1, ("127.0.0.1", port), out / "logs")
     forwards = []
     counted = engine._forward
     engine._forward = lambda batch, *args, **kwargs: forwards.append(len(batch["input_ids"])) or counted(batch, *args, **kwargs)

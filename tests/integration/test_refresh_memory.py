@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+from oxrl_core.resolve.run import resolve_run
 
 pytestmark = pytest.mark.integration
 MB = 10**6
@@ -73,13 +73,13 @@ def test_a_refresh_does_not_grow_the_drivers_memory_with_the_model_size(tmp_path
     for layers in (3, 12):
         folder = tmp_path / f"qwen2-{layers}-layers"
         sizes[layers] = build_model(tiny_model_dir, folder, layers)
-        config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
+        run = resolve_run("rl", Path("examples/cispo_tiny.yaml"), [
             f"model.name_or_path={folder}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
             f"run.output_dir={tmp_path / folder.name}", "train.batch_size=4", "train.micro_batch_size=4",
             "train.grad_accum=1", "run.train_ranks=1", "deepspeed.zero_stage=0", "rollout.n_samples=4",
             "rollout.engines=1"])
-        with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-            group, pool = start_actors(config, model_path, tmp_path / folder.name / "logs", reservation)
+        with ray_cluster(run.placement, run.config.run.hang_timeout_s) as reservation:
+            group, pool = start_actors(run, tmp_path / folder.name / "logs", reservation)
             growths[layers], seconds = peak_rss_growth(lambda: pool.refresh(1))
             group.shutdown()
         print(f"{layers} layers: {sizes[layers] / MB:.0f} MB of weights, driver RSS +{growths[layers] / MB:.1f} MB "

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 from oxrl_core.algs.base import GlobalBatch
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.loops.guards import StalePolicyError, check_policy_version
-from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
+from oxrl_core.resolve.run import resolve_run
 from fingerprint import remember
 
 pytestmark = pytest.mark.integration
@@ -281,7 +281,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
     from oxrl_core.cluster.session import ray_cluster
     from oxrl_core.loops.harness import start_actors
 
-    config, model_path = load_rl_config(Path("examples/cispo_tiny.yaml"), [
+    run = resolve_run("rl", Path("examples/cispo_tiny.yaml"), [
         f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
         f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=2",
         "train.grad_accum=1", "run.train_ranks=2", "deepspeed.zero_stage=3", "rollout.n_samples=4", "rollout.engines=2",
@@ -289,17 +289,17 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         f"lora.enabled={str(lora).lower()}", "lora.r=8"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]]
-    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-        group, pool = start_actors(config, model_path, tmp_path / "logs", reservation)
+    with ray_cluster(run.placement, run.config.run.hang_timeout_s) as reservation:
+        group, pool = start_actors(run, tmp_path / "logs", reservation)
         assert reservation.placement.mode == placement and len(pool.engines) == 2
         before = ray.get(pool.engines[0][0].generate.remote(prompt, 4, 1.0, 1.0, [8], [0]))
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
-        correct([b for r in batches for b in r], config.train.settings)  # the sampler-trainer weights (none: ones)
+        correct([b for r in batches for b in r], run.config.train.settings)  # the sampler-trainer weights (none: ones)
         cispo = ALGORITHMS["cispo"]
-        args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=8.0))
+        args = cispo.args(run.config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=8.0))
         group.call("train_step", batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4

@@ -19,9 +19,9 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from oxrl_core.algs.base import GlobalBatch
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.data.records import load_prompts
-from oxrl_core.loops.preflight import load_rl_config, placement_request
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.preprocess.counting import QUESTIONS
+from oxrl_core.resolve.run import resolve_run
 from fingerprint import remember
 
 pytestmark = pytest.mark.integration
@@ -183,14 +183,15 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
     from oxrl_core.cluster.session import ray_cluster
     from oxrl_core.loops.harness import start_actors
 
-    config, model_path = load_rl_config(Path("examples/vlm_cispo_tiny.yaml"), [
+    run = resolve_run("rl", Path("examples/vlm_cispo_tiny.yaml"), [
         "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
         "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4", "model.freeze_vision=false"])
+    config, model_path = run.config, run.model_path
     tokenizer, pad = load_tokenizer(model_path)
     prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
     prompt = prompts[0]
-    with ray_cluster(placement_request(config), config.run.hang_timeout_s) as reservation:
-        group, pool = start_actors(config, model_path, tmp_path / "logs", reservation)
+    with ray_cluster(run.placement, config.run.hang_timeout_s) as reservation:
+        group, pool = start_actors(run, tmp_path / "logs", reservation)
         before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, media=[prompt.media])
         batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))

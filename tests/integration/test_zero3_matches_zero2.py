@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
 from oxrl_core.algs import sft
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import SLConfig
 from oxrl_core.data.sft import SFTExample, collate_sft
-from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.training.engine import TrainEngine
 
 rank, port, path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
@@ -42,7 +43,7 @@ for lora, stage, compiled in ((False, 2, False), (False, 3, False), (True, 2, Fa
         "lora": {"enabled": lora, "r": 4, "target_modules": ["q_proj", "v_proj"]},
         "train": {"lr": 1e-2, "batch_size": 8, "micro_batch_size": 2, "grad_accum": 2, "warmup_steps": 0},
         "data": {"train": [{"path": "unused.jsonl"}]}})
-    engine = TrainEngine(trainer_spec(config), path, rank, 2, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), path, rank, 2, ("127.0.0.1", port), out / "logs")
     # torch's own linear, not the one zero.Init leaves behind (engine.py:torch_linear)
     assert torch.nn.functional.linear is torch._C._nn.linear, torch.nn.functional.linear
     losses = [engine.train_step(batches, loss=sft.batch_loss, args=sft.SFTArgs(num_tokens=tokens))["loss"] for _ in range(2)]

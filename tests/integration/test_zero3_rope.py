@@ -20,8 +20,9 @@ RANK = """
 import gc, sys
 from pathlib import Path
 import torch
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig
-from oxrl_core.loops.preflight import trainer_spec
+from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.training.engine import TrainEngine
 
 path, port, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
@@ -34,7 +35,7 @@ def run(zero_stage):
     config = RLConfig.model_validate({"model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": zero_stage},
         "train": {"alg": "sgrpo", "sgrpo": {"kl_coeff": 0.1}, "batch_size": 1, "micro_batch_size": 1, "grad_accum": 1},
         "data": {"train": [{"path": "unused.jsonl"}]}})
-    engine = TrainEngine(trainer_spec(config), path, 0, 1, ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), path, 0, 1, ("127.0.0.1", port), out / "logs")
     models = {"policy": engine.engine.module, "reference": engine.reference}  # ZeRO-3 wraps the reference ("module.")
     rotary = {f"{which}.{name.removeprefix('module.')}": buffer.cpu() for which, model in models.items()
               for name, buffer in model.named_buffers() if "inv_freq" in name}

@@ -31,37 +31,13 @@ def test_the_config_allows_exactly_the_registered_names_each_with_its_own_block(
     assert blocks == {name: ALGORITHMS[name].settings | None for name in ALGORITHMS}
 
 
-SCRATCH = '''"""A scratch algorithm: SFT's loss scaled by a setting of its own."""
-from dataclasses import dataclass
-from typing import Annotated
-
-from pydantic import Field
-
-from oxrl_core.algs import sft
-from oxrl_core.algs.base import Algorithm, GlobalBatch
-from oxrl_core.algs.settings import Settings
-
-
-class ScaledSettings(Settings):
-    scale: Annotated[float, Field(gt=0)] = Field(1.0, description="What the loss is multiplied by.")
-
-
-@dataclass(frozen=True)
-class ScaledArgs(sft.SFTArgs):
-    scale: float
-
-
-def make_args(settings: ScaledSettings, batch: GlobalBatch) -> ScaledArgs:
-    return ScaledArgs(num_tokens=batch.tokens(), scale=settings.scale)
-
-
-ALGORITHM = Algorithm("scaled-sft", "sl", "conversations", sft.batch_loss, make_args, ScaledSettings)
-'''
+# CONTRIBUTING's worked example: its algorithm file, as the guide prints it
+SCRATCH = (REPO / "CONTRIBUTING.md").read_text().split("A worked example:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
 
 CHECK_SCRATCH = '''
 import sys
 from oxrl_core.algs import registry
-registry.DECLARED["scaled-sft"] = ("sl", "scaled_sft")  # its line in the registry
+registry.DECLARED["scaled-sft"] = ("sl", "scaled_sft")  # its line in the registry (here: outside the package)
 from oxrl_core.algs.base import GlobalBatch
 from oxrl_core.config.load import load_config
 from oxrl_core.config.reference import reference_markdown
@@ -84,7 +60,7 @@ print("train.scaled-sft.scale" in reference_markdown())
 def test_a_scratch_algorithm_with_a_setting_of_its_own_registers_and_validates(tmp_path):
     """What adding an algorithm is (CONTRIBUTING's worked example): its file, declaring its settings, and its line
     in the registry; the config then takes, checks and documents `train.<alg>.<setting>`."""
-    (tmp_path / "scaled_sft.py").write_text(SCRATCH)
+    (tmp_path / "scaled_sft.py").write_text(SCRATCH)  # the guide's file, verbatim
     data = tmp_path / "chat.jsonl"
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
     result = subprocess.run([sys.executable, "-c", CHECK_SCRATCH, str(data)], capture_output=True, text=True,

@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     (ROOT, "oxrl_core.api", "oxrl_core.demo"),
     ("oxrl_core.doctor", "oxrl_core.registry"),  # commands that run the loops
     ("oxrl_core.loops",),
+    ("oxrl_core.resolve",),  # a config -> a resolved run, directly below the loops that run it
     ("oxrl_core.evaluation", "oxrl_core.preprocess"),
     ("oxrl_core.rewards",),
     ("oxrl_core.rollout",),
@@ -271,3 +272,10 @@ def test_the_rank_side_code_never_looks_an_algorithm_up_by_name():
     uses = [f"{p.relative_to(REPO)}:{node.lineno}" for p in training for node in ast.walk(ast.parse(p.read_text()))
             if isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", None)) == "ALGORITHMS"]
     assert uses == []
+
+
+def test_the_loops_never_look_an_algorithm_up():
+    """A run's algorithm is looked up once, when it is resolved (`oxrl_core/resolve/run.py`); the loops get its
+    record with the run."""
+    found = [str(i) for i in imports() if i.source.startswith("oxrl_core.loops") and i.target == "oxrl_core.algs.registry"]
+    assert found == []

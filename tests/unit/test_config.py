@@ -6,7 +6,7 @@ import yaml
 from oxrl_core.config.load import dump_config, load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import check_config, load_sl_config
+from oxrl_core.resolve.run import resolve_run, resolved
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def good(tmp_path, tiny_model_dir):
 def load(tmp_path, tree, overrides=()):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tree))
-    return load_sl_config(path, list(overrides))
+    return resolve_run("sl", path, overrides)
 
 
 def rejected(tmp_path, tree, overrides=()) -> str:
@@ -35,8 +35,8 @@ def rejected(tmp_path, tree, overrides=()) -> str:
 
 
 def test_valid_config_loads_and_resolves_the_model(tmp_path, good, tiny_model_dir):
-    config, model_path = load(tmp_path, good)
-    assert config.train.batch_size == 4 and model_path == str(tiny_model_dir)
+    run = load(tmp_path, good)
+    assert run.config.train.batch_size == 4 and run.model_path == str(tiny_model_dir)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_batch_size_must_match_micro_batch_grad_accum_and_ranks(tmp_path, good):
 def test_logprobs_micro_batch_not_a_multiple_of_the_training_micro_batch_is_rejected(tmp_path, good, size):
     message = rejected(tmp_path, good, [f"train.logprobs_micro_batch_size={size}"])
     assert f"train.logprobs_micro_batch_size={size}" in message and "multiple of train.micro_batch_size (2)" in message
-    assert load(tmp_path, good, ["train.logprobs_micro_batch_size=6"])[0].train.logprobs_micro_batch_size == 6
+    assert load(tmp_path, good, ["train.logprobs_micro_batch_size=6"]).config.train.logprobs_micro_batch_size == 6
 
 
 def test_lora_target_absent_from_model_is_rejected_with_the_real_names(tmp_path, good):
@@ -121,13 +121,12 @@ def test_deepspeeds_zero_settings_are_checked_against_its_own_schema_at_load(tmp
 
 
 def test_deepspeeds_zero_settings_reach_the_engines_config_over_oxrls(tmp_path, good):
-    from oxrl_core.loops.preflight import trainer_spec
     from oxrl_core.training.deepspeed_setup import deepspeed_config
 
-    config, _ = load(tmp_path, good, ["deepspeed.zero_stage=3", "deepspeed.offload_param=true",
-                                      "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8"])
-    assert deepspeed_config(trainer_spec(config))["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
-                                                             "stage3_prefetch_bucket_size": 5e8}
+    run = load(tmp_path, good, ["deepspeed.zero_stage=3", "deepspeed.offload_param=true",
+                                "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8"])
+    assert deepspeed_config(run.trainer)["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
+                                                                  "stage3_prefetch_bucket_size": 5e8}
 
 
 def test_missing_required_section_is_named(tmp_path, good):
@@ -172,7 +171,7 @@ def test_algorithm_specific_mistakes_are_caught_at_load(tmp_path, good, override
 
 
 def test_dotted_overrides_change_the_resolved_config(tmp_path, good):
-    config, _ = load(tmp_path, good, ["train.lr=2e-5", "train.steps=7", "lora.target_modules=[q_proj]", "data.train.0.ratio=0.5"])
+    config = load(tmp_path, good, ["train.lr=2e-5", "train.steps=7", "lora.target_modules=[q_proj]", "data.train.0.ratio=0.5"]).config
     assert config.train.lr == 2e-5 and isinstance(config.train.lr, float)
     assert config.train.steps == 7
     assert config.lora.target_modules == ["q_proj"]
@@ -192,7 +191,7 @@ def test_malformed_override_is_rejected():
 
 
 def test_dumped_config_round_trips(tmp_path, good):
-    config, _ = load(tmp_path, good, ["train.lr=2e-5", "lora.enabled=true"])
+    config = load(tmp_path, good, ["train.lr=2e-5", "lora.enabled=true"]).config
     path = tmp_path / "resolved.yaml"
     path.write_text(dump_config(config))
     assert load_config(SLConfig, path, []) == config
@@ -204,7 +203,7 @@ def test_rl_config_validates_group_size(tmp_path, good):
     path.write_text(yaml.safe_dump(good))
     config = load_config(RLConfig, path, ["rollout.n_samples=4"])
     with pytest.raises(OxrlError, match=r"train.batch_size=6: must be a multiple of rollout.n_samples \(4\)"):
-        check_config(config)
+        resolved(config)
 
 
 def test_cispo_with_a_kl_coefficient_is_refused_naming_the_algorithms_that_take_one(tmp_path, good):
@@ -213,7 +212,7 @@ def test_cispo_with_a_kl_coefficient_is_refused_naming_the_algorithms_that_take_
     with pytest.raises(OxrlError, match=r"unknown key 'train.cispo.kl_coeff' \(a setting of --alg dr-grpo, grpo, ppo, "):
         load_config(RLConfig, path, ["train.alg=cispo", "train.cispo.kl_coeff=0.1", "rollout.n_samples=4"])
     ppo = load_config(RLConfig, path, ["train.alg=ppo", "train.ppo.kl_coeff=0.1", "rollout.n_samples=4"])
-    check_config(ppo)
+    resolved(ppo)
     assert ppo.train.settings.kl_coeff == 0.1
 
 
@@ -246,8 +245,8 @@ def test_multi_turn_mistakes_are_refused_at_load(tmp_path, good, overrides, expe
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
     with pytest.raises(OxrlError, match=expected):
-        check_config(load_config(RLConfig, path, ["rollout.n_samples=4", *overrides]))
-    check_config(load_config(RLConfig, path, ["rollout.n_samples=4", "rollout.env.name=calculator", "reward.func=env"]))
+        resolved(load_config(RLConfig, path, ["rollout.n_samples=4", *overrides]))
+    resolved(load_config(RLConfig, path, ["rollout.n_samples=4", "rollout.env.name=calculator", "reward.func=env"]))
 
 
 def test_episodes_are_refused_for_the_sl_algorithms_that_sample(tmp_path, good):

@@ -7,7 +7,6 @@ import torch
 
 from oxrl_core.algs.grpo import grpo_loss
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import check_config
 
 
 def reference_loss(logp, old, adv, mask, ref, eps, beta):

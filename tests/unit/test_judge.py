@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.cluster.placement import decide
+from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.cluster.placement import PlacementRequest, decide
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.config.sections import JudgeSection
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import load_rl_config, placement_request
+from oxrl_core.resolve.checks import placement_request
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.base import RewardUnavailable, Unscored
 from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_score, parse_verdict, prompt_text, render
@@ -174,24 +176,25 @@ def test_judgments_are_logged_until_the_size_bound_then_a_note(judge_of, tmp_pat
     assert judge.score_batch(["5"], [QUESTION]) == [pytest.approx(4 / 9)]  # scoring goes on without the log
 
 
-def rl_config(**reward) -> RLConfig:
-    return RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "reward": reward})
+def rl_request(**reward) -> PlacementRequest:
+    config = RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "reward": reward})
+    return placement_request(config, ALGORITHMS[config.train.alg])
 
 
 def test_the_judge_gets_a_bundle_of_its_own_or_shares_trainer_rank_0s_gpu():
-    assert decide(placement_request(rl_config(func="judge")), 0).bundles == 3  # CPU: rank, engine, judge side by side
-    own = decide(placement_request(rl_config(func="judge")), 2)  # auto: rank and engine share one GPU, the judge has the other
+    assert decide(rl_request(func="judge"), 0).bundles == 3  # CPU: rank, engine, judge side by side
+    own = decide(rl_request(func="judge"), 2)  # auto: rank and engine share one GPU, the judge has the other
     assert (own.mode, own.judge, own.bundles) == ("colocated", "own", 2)
-    assert decide(placement_request(rl_config(func="judge")), 3).mode == "split"
-    assert decide(placement_request(rl_config(func="judge", judge={"placement": "colocated"})), 1).bundles == 1
+    assert decide(rl_request(func="judge"), 3).mode == "split"
+    assert decide(rl_request(func="judge", judge={"placement": "colocated"}), 1).bundles == 1
     with pytest.raises(OxrlError, match="plus one for reward.judge"):
-        decide(placement_request(rl_config(func="judge")), 1)  # trainer and engine fill the one GPU; the judge needs another
-    assert decide(placement_request(rl_config(func="math")), 0).judge is None
+        decide(rl_request(func="judge"), 1)  # trainer and engine fill the one GPU; the judge needs another
+    assert decide(rl_request(func="math"), 0).judge is None
 
 
 def test_judge_settings_with_another_reward_and_a_judge_outside_rl_are_refused(tmp_path):
     with pytest.raises(OxrlError, match="reward.judge: set, but reward.func='math'"):
-        load_rl_config(Path("examples/cispo_tiny.yaml"), ["reward.judge.model=oxrl-tiny", f"run.output_dir={tmp_path}"])
+        resolve_run("rl", Path("examples/cispo_tiny.yaml"), ["reward.judge.model=oxrl-tiny", f"run.output_dir={tmp_path}"])
     with pytest.raises(OxrlError, match="RL rollouts only"):
         resolve_reward("judge", {})
     with pytest.raises(OxrlError, match="settings are under reward.judge"):

@@ -11,10 +11,10 @@ from transformers import (AutoTokenizer, DiffLlamaConfig, Gemma2Config, LlamaCon
                           Qwen2VLConfig)
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.loops.preflight import load_rl_config, load_sl_config
 from oxrl_core.registry.configs import write_configs
 from oxrl_core.registry.schema import RegistryEntry, load_entry, write_entry
 from oxrl_core.registry.scout import recommend_mode, scout
+from oxrl_core.resolve.run import resolve_run
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -153,9 +153,9 @@ def test_generated_configs_load_through_the_run_schema(tiny_model_dir, tmp_path,
     monkeypatch.chdir(REPO)  # the configs' data paths are relative to the repository root
     for mode in ("full", "lora"):
         sft, rl = write_configs(entry.model_copy(update={"recommended_mode": mode}), False, tmp_path / mode)
-        sl_config, model_path = load_sl_config(sft, [])  # with LoRA this also checks the targets against the model
-        rl_config, _ = load_rl_config(rl, [])
-        assert model_path == str(tiny_model_dir)
+        sl_run = resolve_run("sl", sft)  # with LoRA this also checks the targets against the model
+        sl_config, rl_config = sl_run.config, resolve_run("rl", rl).config
+        assert sl_run.model_path == str(tiny_model_dir)
         assert sl_config.lora.enabled == rl_config.lora.enabled == (mode == "lora")
         assert sl_config.lora.target_modules == LANGUAGE_LINEAR
         assert rl_config.train.alg == "cispo" and rl_config.reward.func == "math"

@@ -16,8 +16,8 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import timed
 from oxrl_core.loops.guards import StalePolicyError, check_staleness
-from oxrl_core.loops.preflight import check_config
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch, shared_gpus_note
+from oxrl_core.resolve.run import resolved
 from oxrl_core.rollout.engine import Rollout
 
 
@@ -30,10 +30,10 @@ def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_say
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
     base = [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
     lagged = load_config(RLConfig, None, [*base, "rollout.lag=1", *overrides])
-    check_config(lagged)
+    resolved(lagged)
     assert lagged.train.settings.sampler_correction == correction
     on_policy = load_config(RLConfig, None, base)
-    check_config(on_policy)
+    resolved(on_policy)
     assert on_policy.train.settings.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
 
 
@@ -60,7 +60,7 @@ def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):
     config = load_config(SLConfig, None, ["train.alg=rft", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
                                           "rollout.lag=1"])
     with pytest.raises(OxrlError, match="rollout.lag=1: pipelined sampling is for `oxrl train rl`; --alg rft"):
-        check_config(config)
+        resolved(config)
 
 
 def test_a_supervised_run_refuses_asynchronous_sampling_and_a_lag_with_a_staleness_bound_is_refused(tmp_path):
@@ -68,11 +68,11 @@ def test_a_supervised_run_refuses_asynchronous_sampling_and_a_lag_with_a_stalene
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
     base = [f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
     with pytest.raises(OxrlError, match="rollout.max_staleness=2: pipelined sampling is for `oxrl train rl`"):
-        check_config(load_config(SLConfig, None, ["train.alg=rft", *base, "rollout.max_staleness=2"]))
+        resolved(load_config(SLConfig, None, ["train.alg=rft", *base, "rollout.max_staleness=2"]))
     with pytest.raises(OxrlError, match="rollout.lag=1 and rollout.max_staleness=2: choose one"):
-        check_config(load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.lag=1", "rollout.max_staleness=2"]))
+        resolved(load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.lag=1", "rollout.max_staleness=2"]))
     asynchronous = load_config(RLConfig, None, ["train.alg=cispo", *base, "rollout.max_staleness=2"])
-    check_config(asynchronous)
+    resolved(asynchronous)
     assert asynchronous.train.settings.sampler_correction == "token-truncate"
 
 

@@ -7,30 +7,32 @@ import time
 import pytest
 import torch
 
+from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
 from oxrl_core.cluster.ports import free_port
 from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
-from oxrl_core.loops.preflight import placement_request
+from oxrl_core.resolve.checks import placement_request
 from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def rl(ranks=1, engines=1, tp=1, placement="auto", **rollout) -> RLConfig:
-    return RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": ranks},
-                                    "rollout": {"engines": engines, "tensor_parallel_size": tp, "placement": placement,
-                                                **rollout}})
+def rl_request(ranks=1, engines=1, tp=1, placement="auto", **rollout) -> PlacementRequest:
+    config = RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": ranks},
+                                      "rollout": {"engines": engines, "tensor_parallel_size": tp,
+                                                  "placement": placement, **rollout}})
+    return placement_request(config, ALGORITHMS[config.train.alg])
 
 
 @pytest.mark.parametrize("pipelined", [{"lag": 1}, {"max_staleness": 2}])
 def test_pipelined_rl_is_placed_as_any_run_colocated_engines_sampling_beside_the_training(pipelined):
-    assert decide(placement_request(rl(1, 1, **pipelined)), 2).mode == "split"  # auto: split where it fits
-    assert decide(placement_request(rl(1, 1, **pipelined)), 0).mode == "split"
-    shared = decide(placement_request(rl(2, 2, **pipelined)), 2)  # auto: shared where it does not
+    assert decide(rl_request(1, 1, **pipelined), 2).mode == "split"  # auto: split where it fits
+    assert decide(rl_request(1, 1, **pipelined), 0).mode == "split"
+    shared = decide(rl_request(2, 2, **pipelined), 2)  # auto: shared where it does not
     assert (shared.mode, shared.bundles, shared.weights_over_ipc) == ("colocated", 2, True)
     for gpus in (2, 0):
-        assert decide(placement_request(rl(1, 1, placement="colocated", **pipelined)), gpus).mode == "colocated"
+        assert decide(rl_request(1, 1, placement="colocated", **pipelined), gpus).mode == "colocated"
 
 
 @pytest.mark.parametrize("ranks,engines,tp,gpus,mode,bundles", [
@@ -44,14 +46,14 @@ def test_pipelined_rl_is_placed_as_any_run_colocated_engines_sampling_beside_the
     (8, 4, 2, 8, "colocated", 8),
 ])
 def test_auto_shares_gpus_only_when_ranks_and_engines_do_not_fit_side_by_side(ranks, engines, tp, gpus, mode, bundles):
-    placement = decide(placement_request(rl(ranks, engines, tp)), gpus)
+    placement = decide(rl_request(ranks, engines, tp), gpus)
     assert (placement.mode, placement.bundles, placement.on_gpu) == (mode, bundles, gpus > 0)
     assert placement.weights_over_ipc == (mode == "colocated" and gpus > 0)
 
 
 def test_an_explicit_placement_is_kept():
-    assert decide(placement_request(rl(2, 2, placement="colocated")), 0).mode == "colocated"
-    assert decide(placement_request(rl(1, 1, placement="split")), 2).mode == "split"
+    assert decide(rl_request(2, 2, placement="colocated"), 0).mode == "colocated"
+    assert decide(rl_request(1, 1, placement="split"), 2).mode == "split"
 
 
 @pytest.mark.parametrize("ranks,engines,tp,gpus,placement,words", [
@@ -62,15 +64,16 @@ def test_an_explicit_placement_is_kept():
 ])
 def test_what_does_not_fit_is_refused_with_the_numbers(ranks, engines, tp, gpus, placement, words):
     with pytest.raises(OxrlError) as error:
-        decide(placement_request(rl(ranks, engines, tp, placement)), gpus)
+        decide(rl_request(ranks, engines, tp, placement), gpus)
     assert all(w in str(error.value) for w in words), str(error.value)
 
 
 def test_a_run_that_samples_nothing_places_only_its_ranks():
     sft = SLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 2}})
-    assert decide(placement_request(sft), 2) == Placement("split", True, 2, 0, 1)
+    request = placement_request(sft, ALGORITHMS[sft.train.alg])
+    assert decide(request, 2) == Placement("split", True, 2, 0, 1)
     with pytest.raises(OxrlError, match="run.train_ranks=2: the cluster has 1 GPU"):
-        decide(placement_request(sft), 1)
+        decide(request, 1)
 
 
 def test_the_placement_is_decided_from_the_requests_counts_alone():

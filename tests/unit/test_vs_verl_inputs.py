@@ -13,7 +13,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from oxrl_core.data.records import load_prompts
-from oxrl_core.loops.preflight import load_rl_config
+from oxrl_core.resolve.run import resolve_run
 from oxrl_core.rewards import resolve_reward
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -38,7 +38,7 @@ def test_verls_inputs_tokenize_and_score_as_oxrls(tmp_path, tiny_model_dir, vs_v
         "train": {"alg": "cispo", "batch_size": 24, "micro_batch_size": 4, "grad_accum": 6},
         "rollout": {"n_samples": 4, "max_prompt_len": 40}, "reward": {"func": "math"},
         "run": {"output_dir": str(tmp_path / "runs")}}))
-    config, _ = load_rl_config(config_path, [])
+    config = resolve_run("rl", config_path).config
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     paths = vs_verl.write_verl_inputs(config, tokenizer, tmp_path)
 

@@ -23,7 +23,7 @@ import torch
 
 from oxrl_core.algs.advantages import ESTIMATORS
 from oxrl_core.algs.correction import importance_weights
-from oxrl_core.algs.base import GlobalBatch
+from oxrl_core.algs.base import GlobalBatch, Metrics
 from oxrl_core.cluster.placement import Placement
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
@@ -330,7 +330,7 @@ class PolicyGradient:
         with self.run.position.timed(seconds, "train"):
             results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=self.alg.args(self.settings, batch),
                                           temperature=self.rollout_cfg.temperature, with_entropy=True)
-        metrics = train_metrics(results, num_tokens)
+        metrics = train_metrics(results, num_tokens, self.alg.metrics)
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
             raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since the last "
                                f"checkpoint are not trusted and none is written")
@@ -443,13 +443,11 @@ def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
     return metrics
 
 
-def train_metrics(results: list[dict], num_tokens: float) -> dict:
+def train_metrics(results: list[dict], num_tokens: float, loss_metrics: Metrics) -> dict:
+    """The step's loss, gradient norm and rate, and its algorithm's metrics of every rank's sums."""
+    sums = {key: sum(r[key] for r in results) for key in results[0] if key.endswith("_sum")} | {"tokens": num_tokens}
     metrics = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
-               "clip_frac": sum(r["clip_frac_sum"] for r in results) / num_tokens,
-               "entropy": sum(r["entropy_sum"] for r in results) / num_tokens}
-    for name in ("kl_ref", "value_loss"):
-        if f"{name}_sum" in results[0]:
-            metrics[name] = sum(r[f"{name}_sum"] for r in results) / num_tokens
+               **loss_metrics(sums)}
     if "peak_memory_gb" in results[0]:  # on GPU
         metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
     return metrics

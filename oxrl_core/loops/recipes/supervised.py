@@ -83,13 +83,13 @@ class OfflineSupervised:
         results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=args)
         elapsed = time.perf_counter() - start
         sums = summed(results)
-        metrics = {"loss": sums["loss"], **means(sums), **generated, "grad_norm": results[0]["grad_norm"],
+        metrics = {"loss": sums["loss"], **self.alg.metrics(sums), **generated, "grad_norm": results[0]["grad_norm"],
                    "lr": results[0]["lr"],
                    "tokens_per_s": sum(float(b["attention_mask"].sum()) for r in per_rank for b in r) / elapsed,
                    "step_time_s": elapsed}
         if "peak_memory_gb" in results[0]:  # on GPU
             metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
-        if self.alg.data == "unpaired":
+        if self.alg.kl_baseline:
             metrics["kl_baseline"] = args.kl_baseline
         return metrics
 
@@ -100,11 +100,11 @@ class OfflineSupervised:
         return [self.step_sets[src][i] for src, i in drawn], refs, {}
 
     def evaluate(self, step: int) -> dict:
-        """The loss's metrics on the held-out data (TRL's names for the preference metrics)."""
+        """The loss's metrics on the held-out data."""
         self.run.position.phase = "eval"
         per_rank, args = self.prepare(self.val_set, self.val_refs, training=False)
-        result = {f"eval_{k}": v for k, v in means(summed(self.run.group.call("eval_metrics", per_rank, loss=self.alg.loss,
-                                                                                args=args))).items()}
+        sums = summed(self.run.group.call("eval_metrics", per_rank, loss=self.alg.loss, args=args))
+        result = {f"eval_{k}": v for k, v in self.alg.metrics(sums).items()}
         if set(result) == {"eval_nll"}:  # a loss that is the NLL alone (SFT, CPT) reports it as the eval loss
             result["eval_loss"] = result.pop("eval_nll")
         return result
@@ -120,7 +120,7 @@ class OfflineSupervised:
             for rank_batches, rank_logprobs in zip(per_rank, results):
                 for b, logprobs in zip(rank_batches, rank_logprobs):
                     b["ref_logps"] = (logprobs * b["response_mask"]).sum(-1)
-        kl_baseline = self.kto_kl_baseline(items, refs) if self.alg.data == "unpaired" else 0.0
+        kl_baseline = self.kl_baseline(items, refs) if self.alg.kl_baseline else 0.0
         return per_rank, self.alg.args(self.settings, GlobalBatch(batches, kl_baseline=kl_baseline))
 
     def micro_batches(self, items: list, refs: list[torch.Tensor] | None) -> list[dict]:
@@ -147,12 +147,13 @@ class OfflineSupervised:
         mismatched = self.sequence_logps(self.micro_batches([u.mismatched for u in examples], None), reference=False)
         return list(torch.stack([own, mismatched], -1))
 
-    def kto_kl_baseline(self, items: list[UnpairedExample], refs: list[torch.Tensor] | None) -> float:
-        """KTO's z: mean log-ratio of policy to reference on prompts paired with other examples' completions."""
+    def kl_baseline(self, items: list[UnpairedExample], refs: list[torch.Tensor] | None) -> float:
+        """The algorithm's reference point of the batch (KTO's z) from the policy's and the reference's sequence
+        logprobs of its prompts paired with other examples' completions."""
         batches = self.micro_batches([u.mismatched for u in items], None)
         policy = self.sequence_logps(batches, reference=False)
         reference = self.sequence_logps(batches, reference=True) if refs is None else torch.stack([r[1] for r in refs])
-        return max(0.0, (policy - reference).mean().item())
+        return self.alg.kl_baseline(policy, reference)
 
 
 def collate(items: list, refs: list[torch.Tensor] | None, pad_id: int) -> dict:
@@ -194,24 +195,3 @@ def summed(results: list[dict]) -> dict:
     """Every rank's metric sums added up."""
     keys = [k for k in results[0] if k not in ("grad_norm", "lr", "peak_memory_gb")]
     return {k: sum(r[k] for r in results) for k in keys}
-
-
-def means(sums: dict) -> dict:
-    """Sums over the batch -> the means reported (TRL's names for the preference metrics)."""
-    out = {}
-    if "pairs" in sums:
-        n = max(sums["pairs"], 1.0)
-        out |= {"rewards/chosen": sums["reward_chosen_sum"] / n, "rewards/rejected": sums["reward_rejected_sum"] / n,
-                "rewards/accuracies": sums["reward_correct_sum"] / n, "rewards/margins": sums["reward_margin_sum"] / n}
-        if "log_odds_ratio_sum" in sums:  # ORPO: mean log odds(chosen) - log odds(rejected), TRL's log_odds_chosen
-            out["log_odds_chosen"] = sums["log_odds_ratio_sum"] / n
-    if "desirable" in sums:
-        desirable = sums["reward_desirable_sum"] / max(sums["desirable"], 1.0)
-        undesirable = sums["reward_undesirable_sum"] / max(sums["undesirable"], 1.0)
-        out |= {"rewards/desirable": desirable, "rewards/undesirable": undesirable, "rewards/margins": desirable - undesirable}
-    if "tokens" in sums:
-        if "nll_sum" in sums:
-            out["nll"] = sums["nll_sum"] / max(sums["tokens"], 1.0)
-        if "kl_sum" in sums:
-            out["kl"] = sums["kl_sum"] / max(sums["tokens"], 1.0)
-    return out

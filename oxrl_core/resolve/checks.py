@@ -1,5 +1,6 @@
-"""Before a run: its config loaded and checked (the fields that need each other, the disk, the model, the placement
-on this machine's GPUs) so that a mistake is one line before any engine starts; and what it asks of the cluster."""
+"""A run's checks before any engine starts: the fields that need each other, the files, the disk, the model, the
+placement on this machine's GPUs, and the algorithm's own checks, so that a mistake is one line. They read the config
+and change nothing of it (its defaults are the schema's and each algorithm's settings')."""
 
 import os
 from pathlib import Path
@@ -7,9 +8,9 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
+from oxrl_core.algs.base import Algorithm
 from oxrl_core.algs.registry import ALGORITHMS, names
 from oxrl_core.cluster.placement import PlacementRequest, decide, local_gpus
-from oxrl_core.config import load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.config.sections import JudgeSection
 from oxrl_core.envs import resolve_env
@@ -21,30 +22,19 @@ from oxrl_core.training.spec import TrainerSpec
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def load_sl_config(path: Path | None, overrides: list[str]) -> tuple[SLConfig, str]:
-    """Validated SL config and the resolved model path; OxrlError on any mistake."""
-    config = load_config(SLConfig, path, overrides)
-    return config, check_config(config)
-
-
-def load_rl_config(path: Path | None, overrides: list[str]) -> tuple[RLConfig, str]:
-    config = load_config(RLConfig, path, overrides)
-    return config, check_config(config)
-
-
-def placement_request(config: SLConfig | RLConfig) -> PlacementRequest:
+def placement_request(config: SLConfig | RLConfig, algorithm: Algorithm) -> PlacementRequest:
     """What the run asks of the cluster: its ranks, its vLLM engines (none if its algorithm samples nothing), and
     its LLM judge's placement (RL with `reward.func: judge` only)."""
-    rollout, samples = config.rollout, ALGORITHMS[config.train.alg].generates
+    rollout = config.rollout
     judged = isinstance(config, RLConfig) and config.reward.func == "judge"
-    return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if samples else 0,
+    return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if algorithm.generates else 0,
                             tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
                             judge=config.reward.judge.placement if judged else None)
 
 
-def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
+def trainer_spec(config: SLConfig | RLConfig, algorithm: Algorithm) -> TrainerSpec:
     """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models."""
-    algorithm, settings = ALGORITHMS[config.train.alg], config.train.settings
+    settings = config.train.settings
     return TrainerSpec(model=config.model, lora=config.lora, deepspeed=config.deepspeed, train=config.train,
                        hang_timeout_s=config.run.hang_timeout_s, reference_model=algorithm.reference_model(settings),
                        critic=algorithm.critic, scalar_head=algorithm.scalar_head,
@@ -52,7 +42,7 @@ def trainer_spec(config: SLConfig | RLConfig) -> TrainerSpec:
                        check_grad_overflow=algorithm.loop == "sl")
 
 
-def check_config(config: SLConfig | RLConfig) -> str:
+def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
     """Raise OxrlError for the first impossible combination; return the resolved model path."""
     train, ds, run = config.train, config.deepspeed, config.run
     if train.micro_batch_size * train.grad_accum * run.train_ranks != train.batch_size:
@@ -69,12 +59,11 @@ def check_config(config: SLConfig | RLConfig) -> str:
     if ds.offload_optimizer and ds.zero_stage == 0:
         raise OxrlError("deepspeed.offload_optimizer=true: needs deepspeed.zero_stage 1, 2 or 3, got 0")
     if ds.zero_optimization:
-        check_zero_optimization(config)
+        check_zero_optimization(config, algorithm)
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
         raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
-        decide(placement_request(config), local_gpus())
-    algorithm = ALGORITHMS[train.alg]
+        decide(placement_request(config, algorithm), local_gpus())
     if algorithm.check:
         algorithm.check(config)
     rollout = config.rollout
@@ -177,7 +166,7 @@ def _check_lora_targets(targets: list[str], model_path: str, trust_remote_code: 
             )
 
 
-def check_zero_optimization(config: SLConfig | RLConfig) -> None:
+def check_zero_optimization(config: SLConfig | RLConfig, algorithm: Algorithm) -> None:
     """`deepspeed.zero_optimization` merged over oxrl's settings must pass DeepSpeed's schema (DeepSpeedZeroConfig
     forbids unknown keys and checks each value), and leave the stage and offloading to oxrl's own keys."""
     owned = {"stage": "deepspeed.zero_stage", "offload_optimizer": "deepspeed.offload_optimizer",
@@ -188,7 +177,7 @@ def check_zero_optimization(config: SLConfig | RLConfig) -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # here: DeepSpeed takes seconds to import
 
     try:
-        DeepSpeedZeroConfig(**deepspeed_config(trainer_spec(config))["zero_optimization"])
+        DeepSpeedZeroConfig(**deepspeed_config(trainer_spec(config, algorithm))["zero_optimization"])
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
         raise OxrlError(f"deepspeed.zero_optimization: {problems} (the keys DeepSpeed takes: "
