@@ -23,7 +23,7 @@ from oxrl_core.resolve.run import resolve_run
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.group import TrainGroup
-from oxrl_core.training.transport import open_ipc
+from oxrl_core.weights.transport import open_ipc
 from rl_step import prepare
 
 

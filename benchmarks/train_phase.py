@@ -39,7 +39,7 @@ ALG = "cispo"  # the loss every train step here runs
 
 def loss_args(config, micro_batches: list[dict]):
     """CISPO's loss arguments for one step over `micro_batches`: every rank's of the step, in one flat list."""
-    return ALGORITHMS[ALG].args(config.train.settings, GlobalBatch(micro_batches, max_len=float(config.rollout.max_tokens)))
+    return ALGORITHMS[ALG].args(config.train.settings, GlobalBatch(micro_batches, max_tokens=float(config.rollout.max_tokens)))
 
 
 def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:

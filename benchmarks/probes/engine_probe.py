@@ -55,7 +55,8 @@ def patch_vllm(variant: str) -> None:
 
 def child(args) -> None:
     patch_vllm(args.variant)
-    from oxrl_core.rollout.engine import RolloutEngine, SampleRequest
+    from oxrl_core.rollout.engine import RolloutEngine
+    from oxrl_core.rollout.records import SampleRequest
 
     memory = 0.35 if args.variant == "pair" else 0.4
     engine = RolloutEngine(args.model, "bfloat16", PROMPT_TOKENS + NEW_TOKENS, memory, 0, max(BATCHES))

@@ -18,7 +18,7 @@ def aggregate(
     mode: LossAgg,
     num_tokens: float,  # response tokens in the global batch
     num_seqs: float,  # sequences in the global batch
-    max_len: float,  # the constant of Dr. GRPO's token-sum normalisation
+    max_tokens: float,  # the constant of Dr. GRPO's token-sum normalisation
 ) -> torch.Tensor:
     summed = (per_token * mask).sum(-1)  # [B]
     if mode == "token-mean":  # every token of the batch weighs the same (DAPO, CISPO)
@@ -26,7 +26,7 @@ def aggregate(
     if mode == "seq-mean-token-mean":  # original GRPO: mean over each sequence, then over sequences
         return (summed / mask.sum(-1).clamp(min=1)).sum() / num_seqs
     if mode == "seq-mean-token-sum-norm":  # Dr. GRPO: no length bias from a per-sequence mean
-        return (summed / max_len).sum() / num_seqs
+        return (summed / max_tokens).sum() / num_seqs
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
@@ -56,10 +56,10 @@ class PolicyLossArgs(LossArgs):
     loss_agg: LossAgg
     num_tokens: float  # response tokens in the global batch
     num_seqs: float  # samples in the global batch
-    max_len: float  # rollout.max_tokens: Dr. GRPO's constant
+    max_tokens: float  # rollout.max_tokens: Dr. GRPO's constant
 
     @staticmethod
     def common(settings, batch: GlobalBatch) -> dict:
         """These fields from the algorithm's settings and the step's batch."""
         return dict(clip_low=settings.clip_low, clip_high=settings.clip_high, loss_agg=settings.loss_agg, num_tokens=batch.tokens(),
-                    num_seqs=batch.sequences(), max_len=batch.max_len)
+                    num_seqs=batch.sequences(), max_tokens=batch.max_tokens)

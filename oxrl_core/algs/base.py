@@ -45,7 +45,7 @@ class GlobalBatch:
     micro-batch losses are the loss of the whole batch at once."""
 
     micro_batches: list[Batch]
-    max_len: float = 0.0  # the constant of Dr. GRPO's token-sum normalisation (rollout.max_tokens)
+    max_tokens: float = 0.0  # the constant of Dr. GRPO's token-sum normalisation (rollout.max_tokens)
     kl_baseline: float = 0.0  # KTO's reference point z (`Algorithm.kl_baseline`), of the step's batch
 
     def tokens(self) -> float:

@@ -20,12 +20,12 @@ def cispo_loss(
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     *, clip_low: float, clip_high: float, loss_agg: LossAgg,
-    num_tokens: float, num_seqs: float, max_len: float,
+    num_tokens: float, num_seqs: float, max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)
     weight = ratio.clamp(1 - clip_low, 1 + clip_high).detach()
     per_token = -weight * advantages[:, None] * logprobs * is_weights
-    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_tokens)
     clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
     return loss, {"clip_frac_sum": (clipped * mask).sum()}
 

@@ -1,4 +1,4 @@
-"""Continued pre-training: the language-model loss on every token of plain text, packed into blocks of `data.max_len`.
+"""Continued pre-training: the language-model loss on every token of plain text, packed into blocks of `data.max_tokens`.
 
 The loss is SFT's (`sft.py`) with every token a response token; what differs is the data (`text` records).
 """

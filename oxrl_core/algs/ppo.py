@@ -26,14 +26,14 @@ def ppo_loss(
     returns: torch.Tensor,  # [B, T-1] GAE returns (A + V_old)
     entropy: torch.Tensor,  # [B, T-1] policy entropy at each position
     *, clip_low: float, clip_high: float, value_clip: float, vf_coeff: float, entropy_coeff: float,
-    loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
+    loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     policy, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
     clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
     value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
     per_token = policy * is_weights + vf_coeff * value - entropy_coeff * entropy
-    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_tokens)
     return loss, {
         "clip_frac_sum": (clipped * mask).sum(),
         "value_loss_sum": (value * mask).sum().detach(),

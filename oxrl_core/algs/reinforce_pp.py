@@ -27,11 +27,11 @@ def reinforce_pp_loss(
     advantages: torch.Tensor,  # [B, T-1] one per token
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    *, clip_low: float, clip_high: float, loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_len: float,
+    *, clip_low: float, clip_high: float, loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_tokens: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
-    loss = aggregate(per_token * is_weights, mask, loss_agg, num_tokens, num_seqs, max_len)
+    loss = aggregate(per_token * is_weights, mask, loss_agg, num_tokens, num_seqs, max_tokens)
     return loss, {"clip_frac_sum": (clipped * mask).sum()}
 
 

@@ -23,7 +23,7 @@ def sgrpo_loss(
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
     *, clip_low: float, clip_high: float, kl_coeff: float, loss_agg: LossAgg,
-    num_tokens: float, num_seqs: float, max_len: float,
+    num_tokens: float, num_seqs: float, max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_high)  # [B, T-1] each
@@ -33,7 +33,7 @@ def sgrpo_loss(
         kl = k3(logprobs, ref_logprobs)  # [B, T-1]
         per_token = per_token + kl_coeff * kl
         metrics["kl_ref_sum"] = (kl * mask).sum().detach()
-    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_len)
+    loss = aggregate(per_token, mask, loss_agg, num_tokens, num_seqs, max_tokens)
     metrics["clip_frac_sum"] = (clipped * mask).sum()
     return loss, metrics
 

@@ -7,7 +7,7 @@ pass the resulting `Placement` to the training group and the rollout pool and ne
 `watchdog` gives every wait on the run's actors a deadline, `process` sets up an actor's process (its log, its
 stacks on request), and `shield` starts Ray's processes with SIGTERM blocked, so that a signal to a whole job stops
 the driver alone, which saves first. How weights travel follows from the placement: CUDA IPC between processes on one GPU
-(colocated), else a process group from trainer rank 0 to every engine worker (`oxrl_core/training/transport.py`).
+(colocated), else a process group from trainer rank 0 to every engine worker (`oxrl_core/weights/transport.py`).
 
 - colocated: bundle i is one GPU holding trainer rank i and engine worker i (an engine of tensor parallelism t
   spans t consecutive bundles);

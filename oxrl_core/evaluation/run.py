@@ -25,7 +25,8 @@ from oxrl_core.data.records import report_data
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.rewards import resolve_reward, score_samples
-from oxrl_core.rollout.engine import Rollout, RolloutEngine
+from oxrl_core.rollout.engine import RolloutEngine
+from oxrl_core.rollout.records import Rollout
 
 REWARD_ON_ERROR = 0.0  # a reward that raises scores this (wrong) and is reported with its sample
 OUTPUT_FILES = ("samples.jsonl", "summary.json", "reward_errors.jsonl", "skipped_records.txt")

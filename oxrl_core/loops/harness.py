@@ -30,7 +30,7 @@ from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.resolve.run import ResolvedRun
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.judge import Judge
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from oxrl_core.data.records import PromptExample
 from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
-from oxrl_core.rollout.engine import Completion, Rollout, SampleRequest, sample_seed
+from oxrl_core.rollout.records import Completion, Rollout, SampleRequest, sample_seed
 
 MAX_TURNS = 16  # a turn's seeds are spaced within a step's by this
 _MARK = "\x00ASSISTANT\x00"

@@ -5,21 +5,33 @@ the weights reach them follow from the run's placement (`oxrl_core.cluster`).
 """
 
 from pathlib import Path
+from typing import Protocol
 
 import ray
 
 from oxrl_core.cluster.bundles import Reservation
 from oxrl_core.cluster.watchdog import collective_timeout
 from oxrl_core.config.sections import RolloutSection
-from oxrl_core.rollout.engine import Rollout, RolloutEngine, SampleRequest, sample_seed, start_error
+from oxrl_core.rollout.engine import RolloutEngine, start_error
+from oxrl_core.rollout.records import Rollout, SampleRequest, sample_seed
 from oxrl_core.rollout.stream import EngineStream, FollowUp, Sampling
-from oxrl_core.training.group import TrainGroup
-from oxrl_core.training.transport import buckets
+from oxrl_core.weights.transport import buckets
+
+
+class TrainerRanks(Protocol):
+    """The trainer ranks a refresh takes the weights from (`training.group.TrainGroup`): each rank's Ray actor, and a
+    method called on every rank (its results, or their futures)."""
+
+    ranks: list
+
+    def call(self, method: str, *per_rank_args, **common) -> list: ...
+
+    def call_async(self, method: str, *per_rank_args, **common) -> list: ...
 
 
 class RolloutPool:
     def __init__(self, rollout: RolloutSection, model_path: str, dtype: str, seed: int, step_samples: int,
-                 hang_timeout_s: float, log_dir: Path, reservation: Reservation, group: TrainGroup):
+                 hang_timeout_s: float, log_dir: Path, reservation: Reservation, group: TrainerRanks):
         """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
         sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
         one line, `start_error`), then connects them to the trainer for weight refreshes."""

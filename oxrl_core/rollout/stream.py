@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from oxrl_core.rollout.engine import Completion, SampleRequest
+from oxrl_core.rollout.records import Completion, SampleRequest
 
 QUEUED_CALLS = 2  # per engine: one running, one waiting, so the engine never idles on the driver's round trip
 

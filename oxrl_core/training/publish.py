@@ -1,4 +1,4 @@
-"""Publishing the policy's weights to the vLLM engines (the transport itself: training/transport.py)."""
+"""Publishing the policy's weights to the vLLM engines (the transport itself: weights/transport.py)."""
 
 import datetime
 from collections.abc import Iterator
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from oxrl_core.training.build import media_encoder
-from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
+from oxrl_core.weights.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
 
 
 class WeightPublisher:

@@ -29,7 +29,7 @@ from oxrl_core.loops.train import recipe_for
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.resolve.run import ResolvedRun, resolve_run
 from oxrl_core.rewards import resolve_reward
-from oxrl_core.rollout.engine import Completion, SampleRequest
+from oxrl_core.rollout.records import Completion, SampleRequest
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.training.engine import TrainEngine
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from oxrl_core.rollout.engine import Completion, RolloutEngine, SampleRequest
+from oxrl_core.rollout.engine import RolloutEngine
+from oxrl_core.rollout.records import Completion, SampleRequest
 
 PROMPTS = [[1, 5, 9, 14], [2, 7, 3]]
 

@@ -299,7 +299,7 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
         correct([b for r in batches for b in r], run.config.train.settings)  # the sampler-trainer weights (none: ones)
         cispo = ALGORITHMS["cispo"]
-        args = cispo.args(run.config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=8.0))
+        args = cispo.args(run.config.train.settings, GlobalBatch([b for r in batches for b in r], max_tokens=8.0))
         group.call("train_step", batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4

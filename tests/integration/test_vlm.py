@@ -197,7 +197,7 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         attach(batches, "old_logprobs", group.call("token_logprobs", batches))
         correct([b for r in batches for b in r], config.train.settings)  # the sampler-trainer weights (none: ones)
         cispo = ALGORITHMS["cispo"]
-        args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_len=16.0))
+        args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_tokens=16.0))
         group.call("train_step", batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=[prompt.media])

@@ -86,7 +86,7 @@ def test_each_records_typed_arguments_are_its_pure_losss_keyword_arguments(name)
     keywords = {p.name for p in _pure_loss(module).parameters.values() if p.kind is p.KEYWORD_ONLY}
     if not keywords:  # SFT's loss takes its normaliser positionally
         keywords = {p.name for p in _pure_loss(module).parameters.values()} - {"logprobs", "response_mask"}
-    batch = GlobalBatch([{"response_mask": torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])}], max_len=8.0, kl_baseline=0.5)
+    batch = GlobalBatch([{"response_mask": torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])}], max_tokens=8.0, kl_baseline=0.5)
     args = algorithm.args(algorithm.settings(), batch)
     assert isinstance(args, LossArgs) and dataclasses.is_dataclass(args)
     assert {f.name for f in dataclasses.fields(args)} == keywords

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("oxrl_core.rewards",),
     ("oxrl_core.rollout",),
     ("oxrl_core.training",),
+    ("oxrl_core.weights",),  # the weights' way from the trainer ranks to the engines, below both sides
     ("oxrl_core.data",),
     ("oxrl_core.envs",),
     ("oxrl_core.cluster",),

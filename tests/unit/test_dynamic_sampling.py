@@ -10,7 +10,7 @@ from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.crash import RunPosition
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SamplingStopped
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout
 
 N_SAMPLES = 2
 
@@ -36,7 +36,7 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
     pg.alg = SimpleNamespace(name="dapo", dynamic_sampling=dynamic)
     pg.train = SimpleNamespace(batch_size=groups * N_SAMPLES, seed=0)
     pg.settings = SimpleNamespace(max_sampling_rounds=rounds)
-    pg.rollout_cfg = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0)
+    pg.rollout = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0)
     pg.prompt_sets, pg.sampler, pg.new_env = [prompts], MixedSampler([len(prompts)], [1.0], seed=0), None
     pg.generate, pg.calls, pg.policy_version = generate, calls, 0
     pg.scoring, pg.drawing = threading.Lock(), threading.Lock()

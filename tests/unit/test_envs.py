@@ -16,7 +16,7 @@ from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.recipes.policy_gradient import correct, rl_micro_batches
-from oxrl_core.rollout.engine import Completion, Rollout, sample_seed
+from oxrl_core.rollout.records import Completion, Rollout, sample_seed
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 
 
@@ -262,7 +262,7 @@ def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
     logprobs = torch.full_like(batch["response_mask"], -1.0, dtype=torch.float64, requires_grad=True)
     loss, _ = cispo_loss(logprobs, logprobs.detach(), batch["advantages"].double(), batch["response_mask"].double(), torch.ones_like(logprobs),
                          clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=batch["response_mask"].sum().item(),
-                         num_seqs=2.0, max_len=8.0)
+                         num_seqs=2.0, max_tokens=8.0)
     loss.backward()
     env_positions = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 0], [0] * 8], dtype=torch.bool)
     assert (logprobs.grad[env_positions] == 0).all() and (logprobs.grad[batch["response_mask"] > 0] != 0).all()

@@ -18,7 +18,7 @@ from oxrl_core.loops.crash import timed
 from oxrl_core.loops.guards import StalePolicyError, check_staleness
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient, SampledBatch, shared_gpus_note
 from oxrl_core.resolve.run import resolved
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout
 
 
 @pytest.mark.parametrize("alg, overrides, correction", [("cispo", [], "token-truncate"),
@@ -98,7 +98,7 @@ def test_a_slowed_trainer_trains_no_sample_older_than_the_staleness_bound_while_
     bound, steps = 2, 8
     pg = object.__new__(PolicyGradient)
     pg.staleness, pg.policy_version, pg.last_trained = bound, 0, 0
-    pg.train, pg.rollout_cfg = SimpleNamespace(steps=steps, batch_size=4), SimpleNamespace(n_samples=2)
+    pg.train, pg.rollout = SimpleNamespace(steps=steps, batch_size=4), SimpleNamespace(n_samples=2)
     pg.sampler = SimpleNamespace(state_dict=dict, next_batch=lambda count: [(0, 0)] * count)
     pg.in_flight, pg.sampler_before = {}, {}
     pg.trained, pg.drawing = threading.Condition(), threading.Lock()

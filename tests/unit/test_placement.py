@@ -13,7 +13,7 @@ from oxrl_core.errors import OxrlError
 from oxrl_core.cluster.ports import free_port
 from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
 from oxrl_core.resolve.checks import placement_request
-from oxrl_core.training.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
+from oxrl_core.weights.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -175,7 +175,7 @@ def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_ever
     after the last bucket no gather is left open on either; each bucket's copy is let go before the next is made."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from oxrl_core.training import transport
+    from oxrl_core.weights import transport
     from oxrl_core.training import publish
 
     events = []

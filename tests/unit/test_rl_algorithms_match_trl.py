@@ -90,7 +90,7 @@ def test_dr_grpo_is_trls_dr_grpo_loss(seed, beta):
     logp, old, ref, adv, mask = tensors(seed)
     ours, _ = sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, clip_low=0.2, clip_high=0.2,
                          kl_coeff=beta, loss_agg="seq-mean-token-sum-norm", num_tokens=mask.sum().item(), num_seqs=B,
-                         max_len=T)
+                         max_tokens=T)
     same_loss_and_gradient(ours, trl_grpo(logp, old, adv, mask, ref, loss_type="dr_grpo", beta=beta), logp)
 
 
@@ -98,7 +98,7 @@ def test_dr_grpo_is_trls_dr_grpo_loss(seed, beta):
 def test_sgrpo_token_mean_is_trls_bnpo_loss(seed):
     logp, old, _, adv, mask = tensors(seed)
     ours, _ = sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), None, clip_low=0.2, clip_high=0.28, kl_coeff=0.0,
-                         loss_agg="token-mean", num_tokens=mask.sum().item(), num_seqs=B, max_len=T)
+                         loss_agg="token-mean", num_tokens=mask.sum().item(), num_seqs=B, max_tokens=T)
     same_loss_and_gradient(ours, trl_grpo(logp, old, adv, mask, loss_type="bnpo", epsilon_high=0.28), logp)
 
 
@@ -154,7 +154,7 @@ def test_the_sampler_trainer_correction_is_trls_in_each_mode_and_so_is_the_corre
     assert stats["gap_abs_sum"] == pytest.approx(sum(abs(q - p) for p, q in pairs), rel=1e-12)
     assert stats["gap_kl_sum"] == pytest.approx(sum(math.exp(p - q) - (p - q) - 1 for p, q in pairs), rel=1e-12)
     loss, _ = sgrpo_loss(logp, old, adv, mask, ours, None, clip_low=0.2, clip_high=0.28, kl_coeff=0.0, loss_agg="token-mean",
-                         num_tokens=mask.sum().item(), num_seqs=B, max_len=T)
+                         num_tokens=mask.sum().item(), num_seqs=B, max_tokens=T)
     same_loss_and_gradient(loss, trl_grpo(logp, old, adv, mask, is_ratio=theirs, loss_type="bnpo", epsilon_high=0.28), logp)
 
 

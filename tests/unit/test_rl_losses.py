@@ -27,7 +27,7 @@ def random_batch(seed, B=4, T=7):
     return logp, old, adv, mask
 
 
-def ref_aggregate(per_token, mask, mode, max_len):
+def ref_aggregate(per_token, mask, mode, max_tokens):
     """Plain-Python aggregation over lists."""
     B, T = len(per_token), len(per_token[0])
     if mode == "token-mean":
@@ -35,7 +35,7 @@ def ref_aggregate(per_token, mask, mode, max_len):
     seq = []
     for b in range(B):
         s = sum(per_token[b][t] for t in range(T) if mask[b][t])
-        seq.append(s / sum(mask[b]) if mode == "seq-mean-token-mean" else s / max_len)
+        seq.append(s / sum(mask[b]) if mode == "seq-mean-token-mean" else s / max_tokens)
     return sum(seq) / B
 
 
@@ -48,7 +48,7 @@ def test_sgrpo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
     ref = logp - 0.3
     loss, _ = sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref, clip_low=0.2, clip_high=0.28, kl_coeff=0.05, loss_agg=mode,
-                         num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
+                         num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
     per_token = []
     for b in range(4):
         row = []
@@ -67,7 +67,7 @@ def test_sgrpo_matches_the_formula(mode, seed):
 def test_cispo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
     loss, _ = cispo_loss(logp, old, adv, mask, torch.ones_like(mask), clip_low=0.2, clip_high=0.28, loss_agg=mode,
-                         num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
+                         num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
     per_token = [[-min(max(math.exp(logp[b, t] - old[b, t]), 0.8), 1.28) * adv[b].item() * logp[b, t].item()
                   for t in range(7)] for b in range(4)]
     assert abs(loss.item() - ref_aggregate(per_token, mask.tolist(), mode, 10)) <= TOL
@@ -79,7 +79,7 @@ def one_token(ratio, advantage):
     return logp, old, torch.tensor([advantage], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64)
 
 
-KW = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=1.0, num_seqs=1.0, max_len=1.0)
+KW = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=1.0, num_seqs=1.0, max_tokens=1.0)
 
 
 @pytest.mark.parametrize("ratio, advantage, clipped", [
@@ -107,7 +107,7 @@ def test_ppo_loss_matches_the_formula():
     adv, values, old_values, returns, entropy = (torch.randn(4, 7, generator=g, dtype=torch.float64) for _ in range(5))
     loss, _ = ppo_loss(logp, old, adv, mask, torch.ones_like(mask), values, old_values, returns, entropy.abs(), clip_low=0.2, clip_high=0.2,
                        value_clip=0.1, vf_coeff=0.5, entropy_coeff=0.01, loss_agg="token-mean",
-                       num_tokens=mask.sum().item(), num_seqs=4, max_len=10)
+                       num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
     total = n = 0.0
     for b in range(4):
         for t in range(7):
@@ -170,7 +170,7 @@ def test_aggregation_over_micro_batches_equals_the_whole_batch(mode):
     per_token = torch.randn(6, 5, generator=g, dtype=torch.float64)
     mask = (torch.rand(6, 5, generator=g) > 0.3).double()
     mask[:, 0] = 1
-    kw = dict(num_tokens=mask.sum().item(), num_seqs=6, max_len=5)
+    kw = dict(num_tokens=mask.sum().item(), num_seqs=6, max_tokens=5)
     whole = aggregate(per_token, mask, mode, **kw)
     parts = aggregate(per_token[:2], mask[:2], mode, **kw) + aggregate(per_token[2:], mask[2:], mode, **kw)
     assert abs(whole.item() - parts.item()) <= 1e-12

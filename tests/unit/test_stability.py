@@ -5,7 +5,7 @@ import torch
 
 from oxrl_core.loops.guards import StalePolicyError, check_no_trained_padding, check_policy_version, non_finite
 from oxrl_core.loops.recipes.policy_gradient import rl_micro_batches
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout
 
 
 def test_a_response_mask_that_trains_padding_is_an_error_and_an_episodes_gaps_are_not():

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from oxrl_core.loops.recipes.policy_gradient import PolicyGradient
-from oxrl_core.rollout.engine import ADVANCE_STEPS, Completion, SampleRequest
+from oxrl_core.rollout.engine import ADVANCE_STEPS
+from oxrl_core.rollout.records import Completion, SampleRequest
 from oxrl_core.rollout.stream import QUEUED_CALLS, EngineStream
 
 
@@ -120,7 +121,7 @@ def test_each_group_is_scored_while_the_engines_still_sample_the_others():
     pg = object.__new__(PolicyGradient)
     pg.alg = SimpleNamespace(dynamic_sampling=False)
     pg.train = SimpleNamespace(batch_size=8, seed=0)
-    pg.rollout_cfg = SimpleNamespace(n_samples=2, temperature=1.0, top_p=1.0)
+    pg.rollout = SimpleNamespace(n_samples=2, temperature=1.0, top_p=1.0)
     prompts = [SimpleNamespace(record={}, prompt_ids=[7], media=()) for _ in range(4)]
     pg.prompt_sets, pg.new_env, pg.policy_version = [prompts], None, 0
     pg.sampler = SimpleNamespace(next_batch=lambda count: [(0, i) for i in range(count)], state_dict=dict)

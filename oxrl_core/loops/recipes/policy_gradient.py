@@ -36,7 +36,7 @@ from oxrl_core.loops.harness import Run
 from oxrl_core.rewards.base import RewardUnavailable
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rewards.length import overlong_penalty
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout, round_seed
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 
 
@@ -74,17 +74,17 @@ class PolicyGradient:
         """Reads and checks the prompts and the environment (before any engine starts)."""
         self.run, self.alg, self.train = run, run.algorithm, run.config.train
         self.settings = self.train.settings  # the algorithm's own, train.<alg>
-        self.rollout_cfg, self.env = run.config.rollout, run.config.rollout.env
+        self.rollout, self.env = run.config.rollout, run.config.rollout.env
         env, data = self.env, run.config.data
         self.new_env = partial(resolve_env(env.name, env.kwargs), **env.kwargs) if env.name else None  # an episode's
         self.reports, self.prompt_sets = [], []
         for source in data.train:
-            prompts, report = load_prompts(source.path, run.tokenizer, self.rollout_cfg.max_prompt_len, data.strict, self.new_env)
+            prompts, report = load_prompts(source.path, run.tokenizer, self.rollout.max_prompt_len, data.strict, self.new_env)
             self.prompt_sets.append(prompts)
             self.reports.append(report)
         self.val_prompts = []
         if data.val is not None:
-            self.val_prompts, report = load_prompts(data.val, run.tokenizer, self.rollout_cfg.max_prompt_len, data.strict,
+            self.val_prompts, report = load_prompts(data.val, run.tokenizer, self.rollout.max_prompt_len, data.strict,
                                                     self.new_env)
             self.reports.append(report)
         self.has_val = bool(self.val_prompts)
@@ -94,7 +94,7 @@ class PolicyGradient:
             self.sampler.load_state_dict(run.state["sampler"])
         self.policy_version = run.state.get("policy_version", 0)  # updates the engines' weights have had
         self.bad_steps, self.stopped_early = 0, None
-        self.lag, self.staleness = self.rollout_cfg.lag, self.rollout_cfg.max_staleness
+        self.lag, self.staleness = self.rollout.lag, self.rollout.max_staleness
         # the batches of the next steps, sampled ahead (rollout.lag); the sampler has drawn their prompts
         self.pending = deque(SampledBatch.from_state(b, self.prompt_sets) for b in run.state.get("pending", []))
         # Asynchronous: each step's batch being sampled, and the sampler's state before its prompts were drawn (a
@@ -122,7 +122,7 @@ class PolicyGradient:
             self.refresh()
 
     def step(self, step: int) -> dict:
-        run, train, rollout_cfg, start = self.run, self.train, self.rollout_cfg, time.perf_counter()
+        run, train, rollout, start = self.run, self.train, self.rollout, time.perf_counter()
         run.position.policy_version = self.policy_version  # the trainer's version this step
         # 1. rollout and 2. reward: this step's batch; at lag k, sampled k steps ago, and step + k's is sampled now
         ahead, seconds = None, {}
@@ -139,7 +139,7 @@ class PolicyGradient:
         rollouts, metrics, seconds = sampled.rollouts, dict(sampled.metrics), dict(sampled.seconds) | seconds
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         ages = [self.policy_version - r.policy_version for r in rollouts]
-        if rollout_cfg.force_strict_on_policy:  # train on the samples of exactly the version the schedule says
+        if rollout.force_strict_on_policy:  # train on the samples of exactly the version the schedule says
             if self.staleness:
                 check_staleness(ages, self.staleness)
             else:
@@ -149,7 +149,7 @@ class PolicyGradient:
             metrics["partial_frac"] = sum(bool(r.version_starts) for r in rollouts) / len(rollouts)
         per_sample = {"rewards": rewards, "group_ids": torch.tensor([r.group for r in rollouts])}
         per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
-                                    rollout_cfg.mask_truncated)
+                                    rollout.mask_truncated)
         old = self.old_logprobs(per_rank, seconds)
         batches = [b for rank in per_rank for b in rank]
         metrics |= rollout_metrics(rollouts, rewards) | correct(batches, self.settings)
@@ -195,7 +195,7 @@ class PolicyGradient:
             if later not in self.in_flight:
                 with self.drawing:
                     self.sampler_before[later] = self.sampler.state_dict()
-                    drawn = self.sampler.next_batch(self.train.batch_size // self.rollout_cfg.n_samples)
+                    drawn = self.sampler.next_batch(self.train.batch_size // self.rollout.n_samples)
                 self.in_flight[later] = in_background(self.admitted_sample, later, drawn)
         self.sampler_before.pop(step - 1, None)
         with self.run.position.timed(seconds, "wait_for_samples"):
@@ -218,16 +218,16 @@ class PolicyGradient:
         groups are sampled from further prompts, its `max_sampling_rounds` rounds at most; the rounds after the
         first are timed as `resample`. Raises SamplingStopped, the sampler back where it was, if the batch cannot be
         made."""
-        cfg, step_start, seconds, version = self.rollout_cfg, self.sampler.state_dict(), {}, self.policy_version
-        needed, kept, refs, generated, dropped = self.train.batch_size // cfg.n_samples, [], [], 0, 0
+        rollout, step_start, seconds, version = self.rollout, self.sampler.state_dict(), {}, self.policy_version
+        needed, kept, refs, generated, dropped = self.train.batch_size // rollout.n_samples, [], [], 0, 0
         rounds = self.settings.max_sampling_rounds if self.alg.dynamic_sampling else 1
         try:
             for attempt in range(rounds):
                 drawn = drawn if attempt == 0 and drawn else self.draw(needed - len(kept))
                 prompts = [self.prompt_sets[src][i] for src, i in drawn]
                 groups = [[] for _ in prompts]
-                finished = self.generate(prompts, cfg.n_samples, cfg.temperature,
-                                         self.train.seed * 1_000_003 + step + attempt * 500_009)
+                finished = self.generate(prompts, rollout.n_samples, rollout.temperature,
+                                         round_seed(self.train.seed, step, attempt))
                 while True:  # each group scored as it ends, while the engines sample the others
                     with timer(seconds, "generate" if attempt == 0 else "resample"):
                         group = next(finished, None)
@@ -266,10 +266,10 @@ class PolicyGradient:
     def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> Iterator[list[Rollout]]:
         """Each prompt's `n` samples (`Rollout.group`: its index in `prompts`), a group at a time as its last sample
         ends; within a group in sample order."""
-        pool, top_p = self.run.pool, self.rollout_cfg.top_p
+        pool, top_p = self.run.pool, self.rollout.top_p
         if self.new_env:  # each sample an episode: the policy's turns and the environment's answers between them
             finished = stream_episodes(pool.stream, prompts, n, temperature, top_p, seed_base, self.new_env, self.template,
-                                       self.env.max_turns, self.rollout_cfg.max_tokens, self.env.max_episode_tokens)
+                                       self.env.max_turns, self.rollout.max_tokens, self.env.max_episode_tokens)
         else:
             requests = pool.requests([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts])
             finished = ((c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].media))
@@ -292,7 +292,7 @@ class PolicyGradient:
         except RewardUnavailable as e:
             raise SamplingStopped(str(e)) from None
         if reward_cfg.overlong_buffer:
-            limit = self.env.max_episode_tokens if self.new_env else self.rollout_cfg.max_tokens
+            limit = self.env.max_episode_tokens if self.new_env else self.rollout.max_tokens
             for r in rollouts:
                 r.reward += overlong_penalty(len(r.response_ids), limit, reward_cfg.overlong_buffer,
                                              reward_cfg.overlong_penalty)
@@ -310,7 +310,7 @@ class PolicyGradient:
     def old_logprobs(self, per_rank: list[list[dict]], seconds: dict) -> list[list[torch.Tensor]]:
         """The trainer's logprobs of the sampled tokens before the update (and PPO's old values, the reference's
         logprobs for a KL term), attached to the micro-batches; the logprobs are also returned."""
-        group, temperature = self.run.group, self.rollout_cfg.temperature
+        group, temperature = self.run.group, self.rollout.temperature
         with self.run.position.timed(seconds, "logprobs"):
             if self.alg.critic:
                 scored = group.call("logprobs_and_values", per_rank, temperature=temperature)
@@ -325,11 +325,11 @@ class PolicyGradient:
 
     def update(self, per_rank: list[list[dict]], step: int, seconds: dict) -> dict:
         """One optimizer step on the batch; its metrics. A non-finite loss or gradient after it ends the run."""
-        batch = GlobalBatch([b for r in per_rank for b in r], max_len=float(self.rollout_cfg.max_tokens))
+        batch = GlobalBatch([b for r in per_rank for b in r], max_tokens=float(self.rollout.max_tokens))
         num_tokens = batch.tokens()
         with self.run.position.timed(seconds, "train"):
             results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=self.alg.args(self.settings, batch),
-                                          temperature=self.rollout_cfg.temperature, with_entropy=True)
+                                          temperature=self.rollout.temperature, with_entropy=True)
         metrics = train_metrics(results, num_tokens, self.alg.metrics)
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
             raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since the last "
@@ -345,7 +345,7 @@ class PolicyGradient:
         `n_samples` samples each at the training temperature."""
         self.run.position.phase, result = "eval", {}
         for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
-                                    ("eval_accuracy", self.rollout_cfg.n_samples, self.rollout_cfg.temperature)):
+                                    ("eval_accuracy", self.rollout.n_samples, self.rollout.temperature)):
             rollouts = [r for group in self.generate(self.val_prompts, n, temperature, seed_base=0) for r in group]
             with self.scoring:
                 self.run.score(rollouts, [p.record for p in self.val_prompts], step)

@@ -16,7 +16,7 @@ from oxrl_core.data.sft import SFTExample
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.guards import check_policy_version
 from oxrl_core.loops.recipes.supervised import OfflineSupervised
-from oxrl_core.rollout.engine import Rollout
+from oxrl_core.rollout.records import Rollout, round_seed
 
 
 class SelfPlaySupervised(OfflineSupervised):
@@ -39,7 +39,7 @@ class SelfPlaySupervised(OfflineSupervised):
         if self.alg.self_play == "best-over-worst":
             prompts = [self.train_sets[src][i] for src, i in self.sampler.next_batch(train.batch_size)]
             self.policy_at(step - 1)
-            rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, train.seed * 1_000_003 + step, step)
+            rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, round_seed(train.seed, step), step)
             check_policy_version([r.policy_version for r in rollouts], step - 1)
             items, generated = best_over_worst(rollouts, len(prompts), self.run.config.data.max_len)
             return items, None, generated
@@ -63,7 +63,7 @@ class SelfPlaySupervised(OfflineSupervised):
             return torch.load(saved, weights_only=False)
         self.policy_at(step - 1)
         train, rollout, max_len = self.train, self.run.config.rollout, self.run.config.data.max_len
-        prompts, seed_base = [p for s in self.train_sets for p in s], train.seed * 1_000_003 + k
+        prompts, seed_base = [p for s in self.train_sets for p in s], round_seed(train.seed, k)
         if self.alg.self_play == "passing":
             rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, seed_base, step)
             kept = {(r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= self.settings.threshold}  # distinct
