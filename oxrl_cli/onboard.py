@@ -17,7 +17,7 @@ def onboard(
     list_: bool = typer.Option(False, "--list", help="Print the registry (shipped entries and those in --out) and exit."),
 ) -> None:
     """Scout a model (config and tokenizer only, never the weights), write its registry entry and SFT/RL configs."""
-    from oxrl_core.registry.schema import entry_file_name, registry_entries, write_entry
+    from oxrl_core.model_registry.schema import entry_file_name, registry_entries, write_entry
 
     console = Console()
     if list_:
@@ -25,8 +25,8 @@ def onboard(
         return
     if model is None:
         raise OxrlError("oxrl onboard: give a Hub id (org/name) or a model folder, or --list")
-    from oxrl_core.registry.configs import write_configs
-    from oxrl_core.registry.scout import scout
+    from oxrl_core.model_registry.configs import write_configs
+    from oxrl_core.model_registry.scout import scout
 
     report = scout(model, trust_remote_code)
     _render_report(report, console)
@@ -38,7 +38,7 @@ def onboard(
     configs = write_configs(entry, trust_remote_code, out / entry_file_name(entry.model).removesuffix(".yaml")) if entry.oxrl_trainable else ()
     entry_path = write_entry(entry, out)
     if verify:
-        from oxrl_core.registry.verify import verify as verify_steps
+        from oxrl_core.model_registry.verify import verify as verify_steps
 
         entry = verify_steps(entry, *configs, console)
         entry_path = write_entry(entry, out)
@@ -47,7 +47,7 @@ def onboard(
 
 
 def _render_report(report, console: Console) -> None:
-    from oxrl_core.registry.scout import full_finetune_gb
+    from oxrl_core.model_registry.scout import full_finetune_gb
 
     e = report.entry
     table = Table(title=f"oxrl onboard: {e.model}", show_header=False)

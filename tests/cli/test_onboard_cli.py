@@ -4,7 +4,7 @@ import shutil
 import pytest
 import yaml
 
-from oxrl_core.registry.schema import SHIPPED_DIR, load_entry
+from oxrl_core.model_registry.schema import SHIPPED_DIR, load_entry
 
 WIDE = {"COLUMNS": "250"}  # rich wraps table cells to the terminal's width
 

@@ -17,7 +17,7 @@ ROOT = "oxrl_core"  # the package root's room: oxrl_core/__init__.py alone
 LAYERS: list[tuple[str, ...]] = [
     ("oxrl_cli",),
     (ROOT, "oxrl_core.api", "oxrl_core.demo"),
-    ("oxrl_core.doctor", "oxrl_core.registry"),  # commands that run the loops
+    ("oxrl_core.doctor", "oxrl_core.model_registry"),  # commands that run the loops
     ("oxrl_core.loops",),
     ("oxrl_core.resolve",),  # a config -> a resolved run, directly below the loops that run it
     ("oxrl_core.evaluation", "oxrl_core.preprocess"),

@@ -11,9 +11,9 @@ from transformers import (AutoTokenizer, DiffLlamaConfig, Gemma2Config, LlamaCon
                           Qwen2VLConfig)
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.registry.configs import write_configs
-from oxrl_core.registry.schema import RegistryEntry, load_entry, write_entry
-from oxrl_core.registry.scout import recommend_mode, scout
+from oxrl_core.model_registry.configs import write_configs
+from oxrl_core.model_registry.schema import RegistryEntry, load_entry, write_entry
+from oxrl_core.model_registry.scout import recommend_mode, scout
 from oxrl_core.resolve.run import resolve_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +169,7 @@ def test_entry_round_trips_through_its_yaml_file(tiny_model_dir, tmp_path):
 
 
 def test_verified_status_needs_a_date_and_versions(tmp_path):
-    fields = yaml.safe_load((REPO / "oxrl_core/registry/entries/Qwen--Qwen2.5-0.5B-Instruct.yaml").read_text())
+    fields = yaml.safe_load((REPO / "oxrl_core/model_registry/entries/Qwen--Qwen2.5-0.5B-Instruct.yaml").read_text())
     with pytest.raises(ValueError, match="status verified needs verified_date and verified_versions"):
         RegistryEntry.model_validate({**fields, "status": "verified"})
     verified = RegistryEntry.model_validate({**fields, "status": "verified", "verified_date": "2026-11-03",

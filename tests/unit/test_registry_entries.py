@@ -7,8 +7,8 @@ import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from oxrl_core.data.media import MEDIA_MODEL_TYPES
-from oxrl_core.registry.schema import SHIPPED_DIR, entry_file_name, load_entry, registry_entries, write_entry
-from oxrl_core.registry.scout import HUB_ID, recommend_mode
+from oxrl_core.model_registry.schema import SHIPPED_DIR, entry_file_name, load_entry, registry_entries, write_entry
+from oxrl_core.model_registry.scout import HUB_ID, recommend_mode
 
 ENTRY_FILES = sorted(SHIPPED_DIR.glob("*.yaml"))
 # The models the registry promises.

@@ -22,7 +22,7 @@ from oxrl_core.data.media import MEDIA_MODEL_TYPES
 from oxrl_core.data.sft import tokenize_sft
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model
-from oxrl_core.registry.schema import RegistryEntry
+from oxrl_core.model_registry.schema import RegistryEntry
 
 FULL_BYTES_PER_PARAM = 16
 ACTIVATION_OVERHEAD = 1.2

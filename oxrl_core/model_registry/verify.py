@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from oxrl_core.errors import OxrlError
-from oxrl_core.registry.schema import RegistryEntry
+from oxrl_core.model_registry.schema import RegistryEntry
 from oxrl_core.resolve.run import resolve_run
 from oxrl_core.version import __version__
 

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from oxrl_core.config.schema import RLConfig, SLConfig
-from oxrl_core.registry.schema import RegistryEntry
+from oxrl_core.model_registry.schema import RegistryEntry
 
 DATA = Path("examples/data")
 
