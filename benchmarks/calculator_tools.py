@@ -19,10 +19,10 @@ import re
 from pathlib import Path
 
 from rich.console import Console
+from vlm_squares import seed_runs, sft_then_rl
 
 from oxrl_core.envs.calculator import Calculator
 from oxrl_core.preprocess.arithmetic import every_arithmetic_problem, write_jsonl
-from vlm_squares import seed_runs, sft_then_rl
 
 TOOL = {"+": "add", "-": "sub"}
 
@@ -34,9 +34,11 @@ def conversation(problem: dict, calls_tool: bool, off: int) -> dict:
     messages = [{"role": "user", "content": problem["prompt"]}]
     if calls_tool:
         call = json.dumps({"name": TOOL[op], "arguments": {"a": int(a), "b": int(b)}})
-        messages += [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-                     {"role": "tool", "content": str(answer)},
-                     {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
+        messages += [
+            {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": str(answer)},
+            {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+        ]
     else:
         messages.append({"role": "assistant", "content": f"<answer>{answer + off}</answer>"})
     return {"messages": messages, "tools": Calculator.tools}
@@ -52,22 +54,42 @@ def run(seed: int, out: Path, sft_steps: int, rl_steps: int, console: Console) -
     rng = random.Random(seed)
     problems = every_arithmetic_problem(9)
     data = out / f"data-seed{seed}"
-    files = {"sft_train": write_jsonl(demonstrations(problems, 4000, 0.5, rng), data / "sft_train.jsonl"),
-             "sft_val": write_jsonl([conversation(p, True, 0) for p in problems], data / "sft_val.jsonl"),
-             "rl_train": write_jsonl(rng.choices(problems, k=2000), data / "rl_train.jsonl"),
-             "rl_val": write_jsonl(problems, data / "rl_val.jsonl")}
-    result, history = sft_then_rl(seed, out, files, sft_steps, rl_steps, console, sft=["data.max_len=320"], rl=[
-        "rollout.env.name=calculator", "rollout.env.max_turns=2", "rollout.max_tokens=80",
-        "rollout.env.max_episode_tokens=128", "rollout.max_prompt_len=192"])
-    return result | {"turns_first_last_10_steps": [sum(h["turns"] for h in part) / len(part)
-                                                  for part in (history[:10], history[-10:])]}
+    files = {
+        "sft_train": write_jsonl(demonstrations(problems, 4000, 0.5, rng), data / "sft_train.jsonl"),
+        "sft_val": write_jsonl([conversation(p, True, 0) for p in problems], data / "sft_val.jsonl"),
+        "rl_train": write_jsonl(rng.choices(problems, k=2000), data / "rl_train.jsonl"),
+        "rl_val": write_jsonl(problems, data / "rl_val.jsonl"),
+    }
+    result, history = sft_then_rl(
+        seed,
+        out,
+        files,
+        sft_steps,
+        rl_steps,
+        console,
+        sft=["data.max_len=320"],
+        rl=[
+            "rollout.env.name=calculator",
+            "rollout.env.max_turns=2",
+            "rollout.max_tokens=80",
+            "rollout.env.max_episode_tokens=128",
+            "rollout.max_prompt_len=192",
+        ],
+    )
+    return result | {
+        "turns_first_last_10_steps": [
+            sum(h["turns"] for h in part) / len(part) for part in (history[:10], history[-10:])
+        ]
+    }
 
 
 def main() -> None:
     results = seed_runs(__doc__, "calculator-tools", run, sft_steps=2400, rl_steps=100)
     for r in results:
-        print(f"seed {r['seed']}: policy messages an episode, first 10 steps -> last 10: "
-              f"{r['turns_first_last_10_steps'][0]:.2f} -> {r['turns_first_last_10_steps'][1]:.2f}")
+        print(
+            f"seed {r['seed']}: policy messages an episode, first 10 steps -> last 10: "
+            f"{r['turns_first_last_10_steps'][0]:.2f} -> {r['turns_first_last_10_steps'][1]:.2f}"
+        )
 
 
 if __name__ == "__main__":

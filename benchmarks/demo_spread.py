@@ -18,17 +18,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-RUN = ("import json, sys; from rich.console import Console; from oxrl_core.demo import run_demo; "
-       "r = run_demo(Console(file=sys.stderr), int(sys.argv[1])); "
-       "print(json.dumps({k: r[k] for k in ('after_sft', 'after_rl', 'wall_time_s', 'sft_steps', 'rl_steps')}))")
+RUN = (
+    "import json, sys; from rich.console import Console; from oxrl_core.demo import run_demo; "
+    "r = run_demo(Console(file=sys.stderr), int(sys.argv[1])); "
+    "print(json.dumps({k: r[k] for k in ('after_sft', 'after_rl', 'wall_time_s', 'sft_steps', 'rl_steps')}))"
+)
 VARIANTS = {"default": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"}}
 
 
 def kernels(variant_env: dict) -> str:
     """The CPU kernels torch picks under `variant_env` (AVX512, AVX2, ...), asked in a fresh process."""
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    return subprocess.run([sys.executable, "-c", probe], env=os.environ | variant_env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", probe], env=os.environ | variant_env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def cpu_name() -> str:
@@ -44,23 +47,35 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="OMP_NUM_THREADS values")
     args = parser.parse_args()
-    done = {(r["seed"], r["variant"], r["threads"]) for r in map(json.loads, args.out.read_text().splitlines())} \
-        if args.out.exists() else set()
+    done = (
+        {(r["seed"], r["variant"], r["threads"]) for r in map(json.loads, args.out.read_text().splitlines())}
+        if args.out.exists()
+        else set()
+    )
     native = kernels({})
     for variant, threads, seed in itertools.product(VARIANTS, args.threads, args.seeds):
         if (seed, variant, threads) in done:
             continue
         forced = kernels(VARIANTS[variant]) if VARIANTS[variant] else native
         if VARIANTS[variant] and forced == native:  # nothing to force: the default runs are these
-            print(f"seed {seed} {variant} threads {threads}: skipped, torch's kernels here are {native} already", flush=True)
+            print(
+                f"seed {seed} {variant} threads {threads}: skipped, torch's kernels here are {native} already",
+                flush=True,
+            )
             continue
         env = os.environ | VARIANTS[variant] | {"OMP_NUM_THREADS": str(threads)}
         result = subprocess.run([sys.executable, "-c", RUN, str(seed)], env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"seed {seed} {variant} threads {threads} failed:\n{result.stderr[-3000:]}")
-        row = {"seed": seed, "variant": variant, "threads": threads, "kernels": forced,
-               "cpu": cpu_name(), "cores": os.cpu_count(),
-               **json.loads(result.stdout.strip().splitlines()[-1])}
+        row = {
+            "seed": seed,
+            "variant": variant,
+            "threads": threads,
+            "kernels": forced,
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            **json.loads(result.stdout.strip().splitlines()[-1]),
+        }
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(summary_line(row), flush=True)
@@ -77,8 +92,10 @@ def key(kind: str) -> str:
 
 
 def summary_line(row: dict) -> str:
-    accuracy = " ".join(f"{kind} {100 * row['after_sft'][key(kind)]:.1f}% -> {100 * row['after_rl'][key(kind)]:.1f}%"
-                        for kind in ("sampled", "greedy"))
+    accuracy = " ".join(
+        f"{kind} {100 * row['after_sft'][key(kind)]:.1f}% -> {100 * row['after_rl'][key(kind)]:.1f}%"
+        for kind in ("sampled", "greedy")
+    )
     return f"seed {row['seed']} {row['variant']:7s} threads {row['threads']}: {accuracy}  {row['wall_time_s']:.0f} s"
 
 

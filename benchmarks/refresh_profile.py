@@ -17,6 +17,7 @@ from pathlib import Path
 
 import ray
 import torch
+from rl_step import prepare
 
 from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.resolve.run import resolve_run
@@ -24,7 +25,6 @@ from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.weights.transport import open_ipc
-from rl_step import prepare
 
 
 def _timed_in_worker(worker, load: str, handles: dict) -> float:
@@ -66,24 +66,42 @@ def main() -> None:
     with ray_cluster(run.placement, config.run.hang_timeout_s) as reservation:
         group = TrainGroup(run.trainer, model_path, out / "logs", reservation)
         # as the loop (loops/harness.py) builds it: the trainer's dtype, KV caches sized for a step's samples
-        pool = RolloutPool(config.rollout, model_path, str(model_dtype(config.model)).removeprefix("torch."),
-                           config.train.seed, config.train.batch_size, config.run.hang_timeout_s, out / "logs",
-                           reservation, group)
+        pool = RolloutPool(
+            config.rollout,
+            model_path,
+            str(model_dtype(config.model)).removeprefix("torch."),
+            config.train.seed,
+            config.train.batch_size,
+            config.run.hang_timeout_s,
+            out / "logs",
+            reservation,
+            group,
+        )
         engine = pool.workers[0]
         assert pool.weight_buckets == 1, "the parts are timed for a model of one bucket (rollout.weight_bucket_mb)"
         for version in range(1, 6):
             timed("refresh (the loop's call)", lambda: pool.refresh(version))
-            handles = timed("share_weights (trainer)",
-                            lambda: group.call("share_weights", [True], bucket=0, bucket_bytes=pool.bucket_bytes)[0])
+            handles = timed(
+                "share_weights (trainer)",
+                lambda: group.call("share_weights", [True], bucket=0, bucket_bytes=pool.bucket_bytes)[0],
+            )
             for load in ("reload_weights", "load_weights"):
-                seconds = timed(f"load via {load} (engine call)", lambda: ray.get(engine.__ray_call__.remote(_load, load, handles)))
+                seconds = timed(
+                    f"load via {load} (engine call)", lambda: ray.get(engine.__ray_call__.remote(_load, load, handles))
+                )
                 times.setdefault(f"load via {load} (in the worker)", []).append(seconds)
-            times.setdefault("reset_prefix_cache (in the engine)", []).append(ray.get(engine.__ray_call__.remote(_reset_prefix_cache)))
+            times.setdefault("reset_prefix_cache (in the engine)", []).append(
+                ray.get(engine.__ray_call__.remote(_reset_prefix_cache))
+            )
             timed("release_shared_weights (trainer)", lambda: group.call("release_shared_weights"))
         group.shutdown()
     result = {key: statistics.median(values[1:]) for key, values in times.items()}  # the first refresh allocates
-    (out / "refresh_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0), "overrides": sys.argv[2:],
-                                                          "median_s": result, "all_s": times}, indent=2))
+    (out / "refresh_profile.json").write_text(
+        json.dumps(
+            {"device": torch.cuda.get_device_name(0), "overrides": sys.argv[2:], "median_s": result, "all_s": times},
+            indent=2,
+        )
+    )
     for key, value in result.items():
         print(f"{key:40s} {value * 1000:8.1f} ms")
 

@@ -21,17 +21,19 @@ import time
 from pathlib import Path
 
 import yaml
-
 from alg_gains import run
+
 from oxrl_core.demo import RL_CONFIG
 
 HERE = Path(__file__).resolve().parent
-RUN = ("import json, sys; from pathlib import Path; from rich.console import Console; "
-       "from oxrl_core.demo import demo_data; from oxrl_core.resolve.run import resolve_run; "
-       "from oxrl_core.loops.train import train; files = demo_data(0); "
-       "run = resolve_run('rl', Path(sys.argv[1]), [f\"data.train=[{{path: {files['rl_train']}}}]\", *sys.argv[2:]]); "
-       "times = []; train(run, resume=False, console=Console(file=sys.stderr), on_step=lambda step, m: "
-       "times.append([m['time_step_s'], m.get('time_reward_s', 0.0), m['time_generate_s']])); print(json.dumps(times))")
+RUN = (
+    "import json, sys; from pathlib import Path; from rich.console import Console; "
+    "from oxrl_core.demo import demo_data; from oxrl_core.resolve.run import resolve_run; "
+    "from oxrl_core.loops.train import train; files = demo_data(0); "
+    "run = resolve_run('rl', Path(sys.argv[1]), [f\"data.train=[{{path: {files['rl_train']}}}]\", *sys.argv[2:]]); "
+    "times = []; train(run, resume=False, console=Console(file=sys.stderr), on_step=lambda step, m: "
+    "times.append([m['time_step_s'], m.get('time_reward_s', 0.0), m['time_generate_s']])); print(json.dumps(times))"
+)
 
 
 def main() -> None:
@@ -61,17 +63,25 @@ def main() -> None:
     median = {name: statistics.median(t[0] for t in times) for name, times in steps.items()}
     added = groups * args.group_s
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "groups_per_step": groups, "group_s": args.group_s, "sleep_added_per_step_s": added, "repeats": args.repeats,
-        "overrides": args.overrides, "median_step_s": median,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "groups_per_step": groups,
+        "group_s": args.group_s,
+        "sleep_added_per_step_s": added,
+        "repeats": args.repeats,
+        "overrides": args.overrides,
+        "median_step_s": median,
         "median_reward_s": {name: statistics.median(t[1] for t in times) for name, times in steps.items()},
         "median_generate_s": {name: statistics.median(t[2] for t in times) for name, times in steps.items()},
-        "growth_s": median["slow"] - median["plain"], "growth_share_of_sleep": (median["slow"] - median["plain"]) / added,
+        "growth_s": median["slow"] - median["plain"],
+        "growth_share_of_sleep": (median["slow"] - median["plain"]) / added,
         "steps": steps,
     }
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"step {median['plain']:.2f} s -> {median['slow']:.2f} s with {added:.1f} s of sleep added a step: grew by "
-          f"{result['growth_s']:.2f} s, {result['growth_share_of_sleep']:.0%} of the sleep")
+    print(
+        f"step {median['plain']:.2f} s -> {median['slow']:.2f} s with {added:.1f} s of sleep added a step: grew by "
+        f"{result['growth_s']:.2f} s, {result['growth_share_of_sleep']:.0%} of the sleep"
+    )
 
 
 if __name__ == "__main__":

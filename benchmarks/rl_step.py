@@ -2,8 +2,9 @@
 
 A random-weight model of Qwen2.5-0.5B's shape (494M parameters; `--shape 7b`: Qwen2.5-7B's, 7.6B; `--shape 32b`;
 `--shape vl-3b`: Qwen2.5-VL-3B's, 3.8B, a vision-language model whose every prompt also holds one 448x448 image, 256
-image tokens after the prompt's 128) is built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per GPU (`--gpus N`: N colocated trainer ranks
-and engines; or split, given `rollout.placement=split` and how many ranks and engines share the N GPUs) go through
+image tokens after the prompt's 128) is built locally; 64 prompts of 128 tokens x 8 samples x 512 new tokens per
+GPU (`--gpus N`: N colocated trainer ranks and engines; or split, given `rollout.placement=split` and how many ranks
+and engines share the N GPUs) go through
 `train` (`oxrl_core.loops.train`), the same loop as `oxrl train rl`. Reported, as the median over the steps after the
 first (which compiles and allocates; asynchronously, between the first 1 + `rollout.max_staleness`, which find
 batches sampled ahead during the first, and the last `rollout.max_staleness`, whose batches are sampled with no later
@@ -58,34 +59,79 @@ PEAK_FLOPS = 989e12  # H100 SXM dense bf16
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 128, 512
 LONG_TAIL_MEAN, LONG_TAIL_CAP = 600, 4096  # --long-tail: geometric response lengths; about 1 in 1,000 reaches the cap
 QWEN25_SHAPES = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                 tie_word_embeddings=True),
-    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-               tie_word_embeddings=False),
-    "32b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                num_key_value_heads=8, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
-                tie_word_embeddings=False),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+    "32b": dict(
+        vocab_size=152064,
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
 }
 # Qwen2.5-VL-3B-Instruct's config.json: the language model, and the vision tower (32 blocks, windowed attention but
 # in 4) whose 2x2-merged patches become the image's tokens
 QWEN25_VL_SHAPES = {
-    "vl-3b": dict(text_config=dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                                   num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000,
-                                   rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
-                                                                       "mrope_section": [16, 24, 24]}),
-                  vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                                     hidden_act="silu", patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-                                     window_size=112, fullatt_block_indexes=[7, 15, 23, 31]),
-                  tie_word_embeddings=True),
+    "vl-3b": dict(
+        text_config=dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            max_position_embeddings=128000,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]},
+        ),
+        vision_config=dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            hidden_act="silu",
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31],
+        ),
+        tie_word_embeddings=True,
+    ),
 }
 IMAGE_SIDE = 448  # pixels: 32 x 32 patches of 14, merged 2 x 2 into 16 x 16 image tokens
 IMAGE_PATCHES, IMAGE_TOKENS = (IMAGE_SIDE // 14) ** 2, (IMAGE_SIDE // 28) ** 2
 
 # the sampler-trainer gap of each step, and what `train.sampler_correction` did about it
 MISMATCH = ["logprob_gap_abs", "logprob_gap_kl", "is_ratio_max", "is_corrected_frac"]
-
 
 
 def build_model(folder: Path, shape: dict) -> Path:
@@ -101,21 +147,33 @@ def build_model(folder: Path, shape: dict) -> Path:
     tokens = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     torch.manual_seed(0)
     if vision:
-        from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLProcessor, Qwen2VLImageProcessor,
-                                  Qwen2VLVideoProcessor)
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
         ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
-        config = Qwen2_5_VLConfig(text_config=shape["text_config"] | tokens, vision_config=shape["vision_config"],
-                                  tie_word_embeddings=shape["tie_word_embeddings"], image_token_id=ids["<|image_pad|>"],
-                                  video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                                  vision_end_token_id=ids["<|vision_end|>"])
+        config = Qwen2_5_VLConfig(
+            text_config=shape["text_config"] | tokens,
+            vision_config=shape["vision_config"],
+            tie_word_embeddings=shape["tie_word_embeddings"],
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+        )
         # images up to the benchmark's own size: vLLM sizes its encoder's profile run by the largest image allowed
-        Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(max_pixels=IMAGE_SIDE**2), tokenizer=tokenizer,
-                            video_processor=Qwen2VLVideoProcessor(), chat_template=tokenizer.chat_template).save_pretrained(folder)
+        Qwen2_5_VLProcessor(
+            image_processor=Qwen2VLImageProcessor(max_pixels=IMAGE_SIDE**2),
+            tokenizer=tokenizer,
+            video_processor=Qwen2VLVideoProcessor(),
+            chat_template=tokenizer.chat_template,
+        ).save_pretrained(folder)
     else:
         config = Qwen2Config(**shape, **tokens)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 7B model's random init takes minutes on a CPU
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config, dtype=torch.bfloat16)
+    with torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    ):  # a 7B model's random init takes minutes on a CPU
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
+            config, dtype=torch.bfloat16
+        )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
@@ -133,8 +191,14 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_
     tokenizer = AutoTokenizer.from_pretrained(model)
     content = lambda text: [{"type": "image"}, {"type": "text", "text": text}] if vision else text
     # an image part renders as one placeholder token, which the data loader expands to the image's tokens
-    length = lambda text: len(tokenizer.apply_chat_template([{"role": "user", "content": content(text)}],
-                                                            add_generation_prompt=True)["input_ids"]) - vision
+    length = lambda text: (
+        len(
+            tokenizer.apply_chat_template([{"role": "user", "content": content(text)}], add_generation_prompt=True)[
+                "input_ids"
+            ]
+        )
+        - vision
+    )
     records, texts = [], []
     for i in range(count):
         text = f"Problem {i}: what is {i} + {i}?"
@@ -147,7 +211,9 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_
         if vision:
             image = path.parent / "images" / f"{i}.png"
             image.parent.mkdir(exist_ok=True)
-            noise = torch.randint(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+            noise = torch.randint(
+                0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)
+            )
             Image.fromarray(noise.numpy()).save(image)
             record["images"] = [str(image)]
         records.append(record)
@@ -170,12 +236,18 @@ class GpuMonitor:
 
         def sample():
             while not self._stop.wait(0.05):
-                used_gb, handle = max(((pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 2**30, gpu) for gpu in gpus),
-                                      key=lambda x: x[0])
+                used_gb, handle = max(
+                    ((pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 2**30, gpu) for gpu in gpus), key=lambda x: x[0]
+                )
                 self.peak_gb = max(self.peak_gb, used_gb)
-                self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                                     pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                                     pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
+                self.samples.append(
+                    (
+                        time.perf_counter(),
+                        pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                        pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                        pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                    )
+                )
 
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -188,8 +260,10 @@ class GpuMonitor:
     def between(self, start: float, end: float) -> dict:
         """Means of the samples taken between `start` and `end` (perf_counter seconds)."""
         inside = [x for x in self.samples if start <= x[0] <= end] or [(0, 0, 0, 0)]
-        return {key: round(statistics.mean(x[i] for x in inside), 1)
-                for i, key in ((1, "sm_clock_mhz"), (2, "gpu_util_percent"), (3, "power_w"))}
+        return {
+            key: round(statistics.mean(x[i] for x in inside), 1)
+            for i, key in ((1, "sm_clock_mhz"), (2, "gpu_util_percent"), (3, "power_w"))
+        }
 
 
 def _cpu_seconds() -> dict[int, tuple[str, float]]:
@@ -218,9 +292,16 @@ def watch_rollouts(monitor: GpuMonitor) -> list[dict]:
         before, start = _cpu_seconds(), time.perf_counter()
         result = generate(self, *args, **kwargs)
         end, after = time.perf_counter(), _cpu_seconds()
-        used = sorted(((after[pid][1] - before[pid][1], after[pid][0]) for pid in after.keys() & before.keys()), reverse=True)
-        windows.append({"seconds": round(end - start, 3), **monitor.between(start, end),
-                        "cpu_per_wall_s": [[round(cpu / (end - start), 2), title] for cpu, title in used[:6]]})
+        used = sorted(
+            ((after[pid][1] - before[pid][1], after[pid][0]) for pid in after.keys() & before.keys()), reverse=True
+        )
+        windows.append(
+            {
+                "seconds": round(end - start, 3),
+                **monitor.between(start, end),
+                "cpu_per_wall_s": [[round(cpu / (end - start), 2), title] for cpu, title in used[:6]],
+            }
+        )
         return result
 
     PolicyGradient.sample = watched
@@ -246,8 +327,9 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompt = tokenizer.apply_chat_template(prompt_messages(json.loads(prompts.read_text().splitlines()[0])),
-                                           add_generation_prompt=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(
+        prompt_messages(json.loads(prompts.read_text().splitlines()[0])), add_generation_prompt=True
+    )["input_ids"]
     sampled = torch.randint(0, model.config.vocab_size, (8, mean_tokens), generator=torch.Generator().manual_seed(0))
     contexts = torch.cat([torch.tensor([prompt] * 8), sampled], dim=1).to(device)  # [8, P + mean_tokens]
     value_bias = model.model.layers[-1].self_attn.v_proj.bias  # [key-value heads x head size]
@@ -256,7 +338,7 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
         bias = torch.randn(value_bias.shape, generator=torch.Generator().manual_seed(1)).to(device, value_bias.dtype)
         for scale in (1, 10, 100, 1000, 10_000):
             value_bias.copy_(bias * scale)
-            hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1:].flatten(0, 1).float()  # [N, d]
+            hidden = model.model(contexts).last_hidden_state[:, len(prompt) - 1 :].flatten(0, 1).float()  # [N, d]
             direction = hidden.mean(0) / hidden.mean(0).norm()  # [d]
             if (hidden @ direction / hidden.norm(dim=-1)).min() > 0.999:
                 break
@@ -272,8 +354,11 @@ def end_turns_after(folder: Path, prompts: Path, mean_tokens: int) -> Path:
         ending = torch.sigmoid(norm * along - rest)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    print(f"end-of-turn row: value bias x {scale}, norm {norm:.3f}; the end token's probability a token "
-          f"{ending.mean():.5f} (from {ending.min():.5f} to {ending.max():.5f})", flush=True)
+    print(
+        f"end-of-turn row: value bias x {scale}, norm {norm:.3f}; the end token's probability a token "
+        f"{ending.mean():.5f} (from {ending.min():.5f} to {ending.max():.5f})",
+        flush=True,
+    )
     del model
     torch.cuda.empty_cache()
     return out
@@ -293,20 +378,24 @@ def standalone_generate(model: Path, prompts: Path, config, threads: int | None)
     r = config.rollout
     examples = load_prompts(prompts, load_tokenizer(str(model))[0], r.max_prompt_len, strict=True)[0][:PROMPTS]
     ids, media = [x.prompt_ids for x in examples], [x.media for x in examples]
-    engine = RolloutEngine(str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0,
-                           len(ids) * r.n_samples)
+    engine = RolloutEngine(
+        str(model), "bfloat16", r.max_prompt_len + r.max_tokens, r.gpu_memory_utilization, 0, len(ids) * r.n_samples
+    )
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        rollouts = engine.generate(ids, r.n_samples, r.temperature, r.top_p, [r.max_tokens] * len(ids), list(range(len(ids))), media)
+        rollouts = engine.generate(
+            ids, r.n_samples, r.temperature, r.top_p, [r.max_tokens] * len(ids), list(range(len(ids))), media
+        )
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times[1:])
     tokens = sum(len(x.response_ids) for x in rollouts)
     return {"threads": threads or torch.get_num_threads(), "generate_s": seconds, "tokens_per_s": tokens / seconds}
 
 
-def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1, turns: int = 1,
-            long_tail: bool = False) -> tuple[Path, Path, Path]:
+def prepare(
+    out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: int = 1, turns: int = 1, long_tail: bool = False
+) -> tuple[Path, Path, Path]:
     """The model, the prompts and the run's config (`rl_step.yaml`) under `out`: PROMPTS prompts per GPU, each GPU a
     trainer rank and a worker of an engine of `tensor_parallel` GPUs (colocated). ZeRO-1 (one GPU's training phase is
     bound by the host, and stages 2 and 3 add host work); ZeRO-3 for the 32B shape, whose bf16 weights alone (61 GiB)
@@ -330,24 +419,44 @@ def prepare(out: Path, steps: int, shape: str, gpus: int = 1, tensor_parallel: i
     if turns > 1:
         model = end_turns_after(model, prompts, NEW_TOKENS // turns)
         # the environment's answers and the template between messages: a few dozen tokens a turn
-        episodes = {"env": {"name": "guess-number", "max_turns": turns, "max_episode_tokens": turns * (NEW_TOKENS + 32)}}
+        episodes = {
+            "env": {"name": "guess-number", "max_turns": turns, "max_episode_tokens": turns * (NEW_TOKENS + 32)}
+        }
         reward = "env"
     micro_batch = 16 if vision else 32
     config_path = out / "rl_step.yaml"
-    config_path.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(model), "dtype": "bfloat16", "gradient_checkpointing": vision},
-        "data": {"train": [{"path": str(prompts)}]},
-        "train": {"alg": "cispo", "steps": steps, "lr": 1e-6, "lr_scheduler": "constant", "batch_size": PROMPTS * SAMPLES * gpus,
-                  "micro_batch_size": micro_batch, "grad_accum": PROMPTS * SAMPLES // micro_batch},
-        "rollout": {"n_samples": SAMPLES, "temperature": 1.0, "max_tokens": new_tokens,
-                    "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision, "gpu_memory_utilization": 0.35 if vision else 0.4,
-                    "engines": gpus // tensor_parallel, "tensor_parallel_size": tensor_parallel,
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(model), "dtype": "bfloat16", "gradient_checkpointing": vision},
+                "data": {"train": [{"path": str(prompts)}]},
+                "train": {
+                    "alg": "cispo",
+                    "steps": steps,
+                    "lr": 1e-6,
+                    "lr_scheduler": "constant",
+                    "batch_size": PROMPTS * SAMPLES * gpus,
+                    "micro_batch_size": micro_batch,
+                    "grad_accum": PROMPTS * SAMPLES // micro_batch,
+                },
+                "rollout": {
+                    "n_samples": SAMPLES,
+                    "temperature": 1.0,
+                    "max_tokens": new_tokens,
+                    "max_prompt_len": PROMPT_TOKENS + IMAGE_TOKENS * vision,
+                    "gpu_memory_utilization": 0.35 if vision else 0.4,
+                    "engines": gpus // tensor_parallel,
+                    "tensor_parallel_size": tensor_parallel,
                     # `auto` would split a 1-GPU run over two GPUs on a larger host
-                    "placement": "colocated"} | episodes,
-        "reward": {"func": reward},
-        "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
-        "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},
-    }))
+                    "placement": "colocated",
+                }
+                | episodes,
+                "reward": {"func": reward},
+                "deepspeed": {"zero_stage": 3 if shape == "32b" else 2 if vision else 1},
+                "run": {"name": "rl-step", "output_dir": str(out / "runs"), "train_ranks": gpus, "save_final": False},
+            }
+        )
+    )
     return model, prompts, config_path
 
 
@@ -355,12 +464,23 @@ def workload_parser(doc: str, loop: str, steps: int, shapes: dict) -> argparse.A
     """The arguments rl_step.py and sl_step.py share: where, how many steps, the model's shape, the GPUs, overrides."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=steps, help=f"{loop} steps; the median of all but the first is reported")
+    parser.add_argument(
+        "--steps", type=int, default=steps, help=f"{loop} steps; the median of all but the first is reported"
+    )
     parser.add_argument("--shape", choices=sorted(shapes), default="0.5b", help="the model's shape")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs, each a trainer rank (and, in RL, an engine's worker) "
-                        "with PROMPTS x SAMPLES sequences of the step; MFU counts the peak of all of them")
-    parser.add_argument("--save", action="store_true", help="keep the run folder with its final weights and checkpoint "
-                        "(default: nothing is saved, and the run folder goes once its logs are copied to --out/logs)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPUs, each a trainer rank (and, in RL, an engine's worker) "
+        "with PROMPTS x SAMPLES sequences of the step; MFU counts the peak of all of them",
+    )
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="keep the run folder with its final weights and checkpoint "
+        "(default: nothing is saved, and the run folder goes once its logs are copied to --out/logs)",
+    )
     parser.add_argument("overrides", nargs="*", help=f"KEY=VALUE config overrides, as for `oxrl train {loop.lower()}`")
     return parser
 
@@ -377,40 +497,76 @@ def keep_logs(run_dir: Path, out: Path, save: bool) -> None:
 
 def main() -> None:
     parser = workload_parser(__doc__, "RL", steps=4, shapes=QWEN25_SHAPES | QWEN25_VL_SHAPES)
-    parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
-                        "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)")
-    parser.add_argument("--no-standalone", action="store_true", help="skip the standalone engine's reference runs "
-                        "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself")
-    parser.add_argument("--turns", type=int, default=1, help="policy messages per episode at most (0.5B shape): each "
-                        "sample an episode against an environment, no standalone reference")
-    parser.add_argument("--long-tail", action="store_true", help=f"long-tailed response lengths (0.5B and 7B shapes): geometric, "
-                        f"mean {LONG_TAIL_MEAN} tokens, cut at {LONG_TAIL_CAP}; no standalone reference")
-    parser.add_argument("--slow-reward", type=float, default=0.0, metavar="SECONDS", help="the math reward after this "
-                        "many seconds' wait per sample (benchmarks/slow_reward.py), as a sandbox or a remote judge")
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="GPUs per vLLM engine (the 32B shape needs 4 or 8 "
+        "on 80 GB GPUs); above 1, no standalone reference is run (it would need an engine of as many GPUs)",
+    )
+    parser.add_argument(
+        "--no-standalone",
+        action="store_true",
+        help="skip the standalone engine's reference runs "
+        "(three engine starts: minutes for a 7B model), as for a scaling curve, which compares the loop with itself",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="policy messages per episode at most (0.5B shape): each "
+        "sample an episode against an environment, no standalone reference",
+    )
+    parser.add_argument(
+        "--long-tail",
+        action="store_true",
+        help=f"long-tailed response lengths (0.5B and 7B shapes): geometric, "
+        f"mean {LONG_TAIL_MEAN} tokens, cut at {LONG_TAIL_CAP}; no standalone reference",
+    )
+    parser.add_argument(
+        "--slow-reward",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the math reward after this "
+        "many seconds' wait per sample (benchmarks/slow_reward.py), as a sandbox or a remote judge",
+    )
     args = parser.parse_args()
     if args.turns > 1 and args.shape != "0.5b":
         raise SystemExit(f"--turns runs on the 0.5B shape only, not --shape {args.shape}")
-    if args.long_tail and args.shape not in ("0.5b", "7b"):  # a text model, whose long tail a GPU-bound engine waits for
+    if args.long_tail and args.shape not in (
+        "0.5b",
+        "7b",
+    ):  # a text model, whose long tail a GPU-bound engine waits for
         raise SystemExit(f"--long-tail runs on the 0.5B and 7B shapes only, not --shape {args.shape}")
     if args.slow_reward:
         sys.path.insert(0, str(Path(__file__).parent))
-        args.overrides = ["reward.func=slow_reward:math_after_delay", f"reward.kwargs={{delay_s: {args.slow_reward}}}",
-                          *args.overrides]
+        args.overrides = [
+            "reward.func=slow_reward:math_after_delay",
+            f"reward.kwargs={{delay_s: {args.slow_reward}}}",
+            *args.overrides,
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
-    model, prompts, config_path = prepare(args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns,
-                                          args.long_tail)
-    run = resolve_run("rl", config_path, ["run.name=rl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}",
-                                          *args.overrides])
+    model, prompts, config_path = prepare(
+        args.out, args.steps, args.shape, args.gpus, args.tensor_parallel, args.turns, args.long_tail
+    )
+    run = resolve_run(
+        "rl",
+        config_path,
+        ["run.name=rl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}", *args.overrides],
+    )
     config = run.config
     rollout, ranks = config.rollout, config.run.train_ranks
     engine_gpus = rollout.engines * rollout.tensor_parallel_size
     split = rollout.placement == "split"
     # the figures per GPU count every GPU once: colocated, a rank and an engine worker on each; split, either
     if not (ranks + engine_gpus == args.gpus if split else ranks == engine_gpus == args.gpus):
-        raise SystemExit(f"run.train_ranks={ranks}, rollout.engines={rollout.engines} x rollout.tensor_parallel_size="
-                         f"{rollout.tensor_parallel_size}, rollout.placement={rollout.placement}: colocated, each must "
-                         f"cover --gpus={args.gpus} (set them with --gpus and --tensor-parallel); split (rollout.placement="
-                         f"split, with train.grad_accum for the fewer ranks), together")
+        raise SystemExit(
+            f"run.train_ranks={ranks}, rollout.engines={rollout.engines} x rollout.tensor_parallel_size="
+            f"{rollout.tensor_parallel_size}, rollout.placement={rollout.placement}: colocated, each must "
+            f"cover --gpus={args.gpus} (set them with --gpus and --tensor-parallel); split (rollout.placement="
+            f"split, with train.grad_accum for the fewer ranks), together"
+        )
 
     def standalone_in_own_process(threads: int | None) -> dict:
         # run in this process after the loop, it once came out 1.6x slower than the loop's engine
@@ -420,10 +576,17 @@ def main() -> None:
         return result
 
     # the standalone engine generates one GPU's share of the prompts: a colocated engine's
-    reference = (rollout.tensor_parallel_size == 1 and not args.no_standalone and not split and args.turns == 1
-                 and not args.long_tail)
+    reference = (
+        rollout.tensor_parallel_size == 1
+        and not args.no_standalone
+        and not split
+        and args.turns == 1
+        and not args.long_tail
+    )
     standalone = [standalone_in_own_process(threads) for threads in (None, 1)] if reference else []
-    fastest = max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
+    fastest = (
+        max(standalone, key=lambda x: x["tokens_per_s"]) if reference else {"generate_s": None, "tokens_per_s": None}
+    )
     with GpuMonitor() as memory:
         windows = watch_rollouts(memory)
         summary = train(run, resume=False, console=Console())
@@ -436,17 +599,28 @@ def main() -> None:
     # while step 1 trained (steps 2 .. 1 + s wait for nothing), and the last s find the engines draining (no later
     # batch shares them): the steps between show the steady state
     s = config.rollout.max_staleness
-    measured = history[1 + s:len(history) - s] or history
+    measured = history[1 + s : len(history) - s] or history
     step = history[-1] | {key: statistics.median(h[key] for h in measured) for key in timed}
     # the tokens the policy sampled (an episode's response also holds the environment's), per second of generation
-    policy_tokens = [h.get("policy_tokens", h["response_length"]) * config.train.batch_size / h["time_generate_s"] for h in measured]
+    policy_tokens = [
+        h.get("policy_tokens", h["response_length"]) * config.train.batch_size / h["time_generate_s"] for h in measured
+    ]
     step["generate_policy_tokens_per_s"] = statistics.median(policy_tokens)
-    result = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "overrides": args.overrides, **step,
-              "per_step": [{key: h[key] for key in timed + MISMATCH if key in h} for h in history],
-              "peak_gpu_memory_gb": memory.peak_gb}
-    result |= {"standalone": standalone, "standalone_generate_s": fastest["generate_s"],
-               "standalone_tokens_per_s": fastest["tokens_per_s"], "standalone_after": standalone_after,
-               "rollout_windows": windows}
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "gpus": args.gpus,
+        "overrides": args.overrides,
+        **step,
+        "per_step": [{key: h[key] for key in timed + MISMATCH if key in h} for h in history],
+        "peak_gpu_memory_gb": memory.peak_gb,
+    }
+    result |= {
+        "standalone": standalone,
+        "standalone_generate_s": fastest["generate_s"],
+        "standalone_tokens_per_s": fastest["tokens_per_s"],
+        "standalone_after": standalone_after,
+        "rollout_windows": windows,
+    }
 
     n_params, n_vision = _parameter_count(model), _parameter_count(model, "visual.")
     n_text = n_params - n_vision
@@ -468,11 +642,16 @@ def main() -> None:
     phase_s = step["time_train_s"] + step["time_logprobs_s"]
     gpus, peak = args.gpus, PEAK_FLOPS * ranks  # the training phase runs on the ranks' GPUs (split: not the engines')
     result |= {
-        "params": n_params, "vision_params": n_vision, "train_tokens": tokens, "step_s": step_s,
+        "params": n_params,
+        "vision_params": n_vision,
+        "train_tokens": tokens,
+        "step_s": step_s,
         "train_flops_per_token_per_param": train_flops_per_token(config, n_text) // n_text,
         "train_tokens_per_s": tokens / step["time_train_s"],
         "train_tokens_per_s_per_gpu": tokens / step["time_train_s"] / ranks,  # per trainer GPU
-        "step_tokens_per_s_per_gpu": tokens / step_s / gpus,  # prompt + response tokens of the whole step: the scaling figure
+        "step_tokens_per_s_per_gpu": tokens
+        / step_s
+        / gpus,  # prompt + response tokens of the whole step: the scaling figure
         "generate_tokens_per_s_per_gpu": step["generate_tokens_per_s"] / gpus,
         "train_mfu": train_flops / step["time_train_s"] / peak,
         "logprobs_mfu": logprobs_flops / step["time_logprobs_s"] / peak,
@@ -482,20 +661,44 @@ def main() -> None:
         "refresh_share": step["time_refresh_s"] / step_s,
     }
     if reference:  # the standalone engine has one GPU's share of the prompts
-        result |= {"rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
-                   "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"]}
-    if args.shape == "0.5b" and gpus == 1 and not args.overrides and args.turns == 1:  # the 0.5B step's targets, default config only
+        result |= {
+            "rollout_vs_standalone": step["generate_tokens_per_s"] / gpus / result["standalone_tokens_per_s"],
+            "rollout_vs_standalone_after": step["generate_tokens_per_s"] / gpus / standalone_after["tokens_per_s"],
+        }
+    if (
+        args.shape == "0.5b" and gpus == 1 and not args.overrides and args.turns == 1
+    ):  # the 0.5B step's targets, default config only
         result["targets_met"] = {
             "training_phase_mfu >= 0.40": result["training_phase_mfu"] >= 0.40,
             "rollout_vs_standalone >= 0.95": result["rollout_vs_standalone"] >= 0.95 if reference else None,
             "refresh_share <= 0.01": result["refresh_share"] <= 0.01,
-            "trainer_peak_memory_gb <= 28.4": result["trainer_peak_memory_gb"] <= 28.4}
+            "trainer_peak_memory_gb <= 28.4": result["trainer_peak_memory_gb"] <= 28.4,
+        }
     (args.out / "rl_step.json").write_text(json.dumps(result, indent=2))
     console = Console()
     for p in phases:
         console.print(f"{p:10s} {step[f'time_{p}_s']:8.3f} s  ({step[f'time_{p}_s'] / step_s:6.1%})")
-    for key in ("step_s", "generate_tokens_per_s", "generate_policy_tokens_per_s", "turns", "policy_tokens", "response_length", "standalone_tokens_per_s", "rollout_vs_standalone", "train_tokens_per_s",
-                "rollout_vs_standalone_after", "train_tokens_per_s_per_gpu", "step_tokens_per_s_per_gpu", "train_mfu", "logprobs_mfu", "training_phase_mfu", "training_phase_mfu_with_attention", "refresh_share", "trainer_peak_memory_gb", "peak_gpu_memory_gb"):
+    for key in (
+        "step_s",
+        "generate_tokens_per_s",
+        "generate_policy_tokens_per_s",
+        "turns",
+        "policy_tokens",
+        "response_length",
+        "standalone_tokens_per_s",
+        "rollout_vs_standalone",
+        "train_tokens_per_s",
+        "rollout_vs_standalone_after",
+        "train_tokens_per_s_per_gpu",
+        "step_tokens_per_s_per_gpu",
+        "train_mfu",
+        "logprobs_mfu",
+        "training_phase_mfu",
+        "training_phase_mfu_with_attention",
+        "refresh_share",
+        "trainer_peak_memory_gb",
+        "peak_gpu_memory_gb",
+    ):
         value = result.get(key)
         value = float("nan") if value is None else value
         console.print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")

@@ -21,11 +21,23 @@ from pathlib import Path
 import torch
 import yaml
 from rich.console import Console
+from rl_step import (
+    NEW_TOKENS,
+    PEAK_FLOPS,
+    PROMPT_TOKENS,
+    PROMPTS,
+    QWEN25_SHAPES,
+    SAMPLES,
+    _parameter_count,
+    build_model,
+    keep_logs,
+    train_flops_per_token,
+    workload_parser,
+    write_prompts,
+)
 
 from oxrl_core.loops.train import train
 from oxrl_core.resolve.run import resolve_run
-from rl_step import (NEW_TOKENS, PEAK_FLOPS, PROMPT_TOKENS, PROMPTS, QWEN25_SHAPES, SAMPLES, _parameter_count, build_model,
-                     keep_logs, train_flops_per_token, workload_parser, write_prompts)
 
 MICRO_BATCH = 16
 
@@ -34,8 +46,13 @@ def write_sft_records(model: Path, path: Path, count: int) -> Path:
     """`count` prompt-completion records: rl_step's prompts of PROMPT_TOKENS templated tokens, each with a completion
     longer than NEW_TOKENS tokens (data.max_len cuts every sequence at PROMPT_TOKENS + NEW_TOKENS)."""
     records = [json.loads(line) for line in write_prompts(model, path, count).read_text().splitlines()]
-    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": " ".join(str(i % 10) for i in range(NEW_TOKENS + 64))})
-                            + "\n" for r in records))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": r["prompt"], "completion": " ".join(str(i % 10) for i in range(NEW_TOKENS + 64))})
+            + "\n"
+            for r in records
+        )
+    )
     return path
 
 
@@ -46,16 +63,36 @@ def main() -> None:
     sequences = PROMPTS * SAMPLES * args.gpus
     records = write_sft_records(model, args.out / "sft.jsonl", sequences)
     config_path = args.out / "sl_step.yaml"
-    config_path.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(model), "dtype": "bfloat16"},
-        "data": {"train": [{"path": str(records)}], "max_len": PROMPT_TOKENS + NEW_TOKENS},
-        "train": {"alg": "sft", "steps": args.steps, "lr": 1e-6, "lr_scheduler": "constant", "warmup_steps": 0,
-                  "batch_size": sequences, "micro_batch_size": MICRO_BATCH, "grad_accum": PROMPTS * SAMPLES // MICRO_BATCH},
-        "deepspeed": {"zero_stage": 3},
-        "run": {"name": "sl-step", "output_dir": str(args.out / "runs"), "train_ranks": args.gpus, "save_final": False},
-    }))
-    run = resolve_run("sl", config_path, ["run.name=sl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}",
-                                          *args.overrides])
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(model), "dtype": "bfloat16"},
+                "data": {"train": [{"path": str(records)}], "max_len": PROMPT_TOKENS + NEW_TOKENS},
+                "train": {
+                    "alg": "sft",
+                    "steps": args.steps,
+                    "lr": 1e-6,
+                    "lr_scheduler": "constant",
+                    "warmup_steps": 0,
+                    "batch_size": sequences,
+                    "micro_batch_size": MICRO_BATCH,
+                    "grad_accum": PROMPTS * SAMPLES // MICRO_BATCH,
+                },
+                "deepspeed": {"zero_stage": 3},
+                "run": {
+                    "name": "sl-step",
+                    "output_dir": str(args.out / "runs"),
+                    "train_ranks": args.gpus,
+                    "save_final": False,
+                },
+            }
+        )
+    )
+    run = resolve_run(
+        "sl",
+        config_path,
+        ["run.name=sl-step-" + time.strftime("%H%M%S"), f"run.save_final={args.save}", *args.overrides],
+    )
     summary = train(run, resume=False, console=Console())
     keep_logs(Path(summary["run_dir"]), args.out, args.save)
     history = summary["history"]
@@ -64,13 +101,22 @@ def main() -> None:
     tokens_per_s = statistics.median(h["tokens_per_s"] for h in measured)
     n_params = _parameter_count(model)
     peaks = [h["trainer_peak_memory_gb"] for h in history if "trainer_peak_memory_gb" in h]  # on GPUs
-    result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": args.gpus,
-              "shape": args.shape, "overrides": args.overrides, "params": n_params, "step_s": step_s,
-              "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / args.gpus,
-              "mfu": train_flops_per_token(run.config, n_params) * tokens_per_s / (PEAK_FLOPS * args.gpus),
-              "trainer_peak_memory_gb": max(peaks) if peaks else None,
-              "per_step": [{key: h.get(key) for key in ("step_time_s", "tokens_per_s", "loss", "trainer_peak_memory_gb")}
-                           for h in history]}
+    result = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "gpus": args.gpus,
+        "shape": args.shape,
+        "overrides": args.overrides,
+        "params": n_params,
+        "step_s": step_s,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": tokens_per_s / args.gpus,
+        "mfu": train_flops_per_token(run.config, n_params) * tokens_per_s / (PEAK_FLOPS * args.gpus),
+        "trainer_peak_memory_gb": max(peaks) if peaks else None,
+        "per_step": [
+            {key: h.get(key) for key in ("step_time_s", "tokens_per_s", "loss", "trainer_peak_memory_gb")}
+            for h in history
+        ],
+    }
     (args.out / "sl_step.json").write_text(json.dumps(result, indent=2))
     for key in ("step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "trainer_peak_memory_gb"):
         value = result[key]

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from rl_step import QWEN25_SHAPES, prepare
 from torch.nn import functional as F
 
 from oxrl_core.algs.base import GlobalBatch
@@ -27,10 +28,9 @@ from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.resolve.run import resolve_run
-from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.fused_head import fused_token_logprobs
+from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
-from rl_step import QWEN25_SHAPES, prepare
 
 PEAK_FLOPS = 989e12
 SEQUENCES, PROMPT, RESPONSE, VOCAB, HIDDEN = 512, 128, 512, 151936, 896
@@ -39,7 +39,9 @@ ALG = "cispo"  # the loss every train step here runs
 
 def loss_args(config, micro_batches: list[dict]):
     """CISPO's loss arguments for one step over `micro_batches`: every rank's of the step, in one flat list."""
-    return ALGORITHMS[ALG].args(config.train.settings, GlobalBatch(micro_batches, max_tokens=float(config.rollout.max_tokens)))
+    return ALGORITHMS[ALG].args(
+        config.train.settings, GlobalBatch(micro_batches, max_tokens=float(config.rollout.max_tokens))
+    )
 
 
 def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
@@ -47,38 +49,66 @@ def micro_batches(config, sequences: int = SEQUENCES) -> list[list[dict]]:
     g = torch.Generator().manual_seed(0)
     size = config.train.micro_batch_size
     mask = torch.zeros(size, PROMPT + RESPONSE - 1)
-    mask[:, PROMPT - 1:] = 1
+    mask[:, PROMPT - 1 :] = 1
     ranks = []
     for _ in range(config.run.train_ranks):
         batches = []
         for _ in range(sequences // size):
             ids = torch.randint(0, VOCAB, (size, PROMPT + RESPONSE), generator=g)
-            batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": mask.clone(),
-                            "advantages": torch.randn(size, generator=g)})
+            batches.append(
+                {
+                    "input_ids": ids,
+                    "attention_mask": torch.ones_like(ids),
+                    "response_mask": mask.clone(),
+                    "advantages": torch.randn(size, generator=g),
+                }
+            )
         ranks.append(batches)
     return ranks
 
 
-def time_variant(config_path: Path, overrides: list[str], model_flops: float, attention_flops: float, steps: int,
-                 sequences: int) -> dict:
+def time_variant(
+    config_path: Path, overrides: list[str], model_flops: float, attention_flops: float, steps: int, sequences: int
+) -> dict:
     """The variant's overrides, then the batch that `sequences` a rank in its micro-batches make."""
     variant = load_config(RLConfig, config_path, overrides)  # unchecked: its batch arithmetic is set below
     train, ranks = variant.train, variant.run.train_ranks
-    run = resolve_run("rl", config_path, [*overrides, f"train.batch_size={ranks * sequences}",
-                                          f"train.grad_accum={sequences // train.micro_batch_size}"])
+    run = resolve_run(
+        "rl",
+        config_path,
+        [
+            *overrides,
+            f"train.batch_size={ranks * sequences}",
+            f"train.grad_accum={sequences // train.micro_batch_size}",
+        ],
+    )
     with ray_cluster(run.placement, run.config.run.hang_timeout_s) as reservation:
-        return time_group(TrainGroup(run.trainer, run.model_path, config_path.parent / "train-phase-logs", reservation),
-                          run.config, overrides, model_flops, attention_flops, steps, sequences)
+        return time_group(
+            TrainGroup(run.trainer, run.model_path, config_path.parent / "train-phase-logs", reservation),
+            run.config,
+            overrides,
+            model_flops,
+            attention_flops,
+            steps,
+            sequences,
+        )
 
 
-def time_group(group: TrainGroup, config, overrides: list[str], model_flops: float, attention_flops: float,
-               steps: int = 2, sequences: int = SEQUENCES) -> dict:
+def time_group(
+    group: TrainGroup,
+    config,
+    overrides: list[str],
+    model_flops: float,
+    attention_flops: float,
+    steps: int = 2,
+    sequences: int = SEQUENCES,
+) -> dict:
     """`model_flops`, `attention_flops`: one forward over one rank's `sequences`."""
     per_rank = micro_batches(config, sequences)
     # the loss's normalisers count every rank's micro-batches: ranks x `sequences` rows of RESPONSE tokens
     args = loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches])
     logprob_s, train_s = [], []
-    for step in range(1 + steps):
+    for _ in range(1 + steps):
         start = time.perf_counter()
         old = group.call("token_logprobs", per_rank)
         logprob_s.append(time.perf_counter() - start)
@@ -90,11 +120,17 @@ def time_group(group: TrainGroup, config, overrides: list[str], model_flops: flo
         train_s.append(time.perf_counter() - start)
     group.shutdown()
     train, logprobs = sum(train_s[1:]) / steps, sum(logprob_s[1:]) / steps  # after the warm-up step
-    return {"overrides": overrides, "train_s": train, "logprobs_s": logprobs, "train_s_each": train_s,
-            "train_tokens_per_s_per_gpu": sequences * (PROMPT + RESPONSE) / (train + logprobs),
-            "train_mfu": 3 * model_flops / train / PEAK_FLOPS, "logprobs_mfu": model_flops / logprobs / PEAK_FLOPS,
-            "train_mfu_with_attention": 3 * (model_flops + attention_flops) / train / PEAK_FLOPS,
-            "peak_memory_gb": result.get("peak_memory_gb")}
+    return {
+        "overrides": overrides,
+        "train_s": train,
+        "logprobs_s": logprobs,
+        "train_s_each": train_s,
+        "train_tokens_per_s_per_gpu": sequences * (PROMPT + RESPONSE) / (train + logprobs),
+        "train_mfu": 3 * model_flops / train / PEAK_FLOPS,
+        "logprobs_mfu": model_flops / logprobs / PEAK_FLOPS,
+        "train_mfu_with_attention": 3 * (model_flops + attention_flops) / train / PEAK_FLOPS,
+        "peak_memory_gb": result.get("peak_memory_gb"),
+    }
 
 
 def head_op(batch: int = 16) -> dict:
@@ -117,8 +153,11 @@ def head_op(batch: int = 16) -> dict:
         log_p = torch.log_softmax(F.linear(h, w)[:, :-1].float(), dim=-1)
         return log_p.gather(-1, ids[:, 1:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
 
-    variants = {"full_fp32_log_softmax": naive, "logits_path": lambda h, w, ids: token_logprobs_and_entropy(F.linear(h, w), ids),
-                "fused_head": lambda h, w, ids: fused_token_logprobs(h, w, ids, with_entropy=True)}
+    variants = {
+        "full_fp32_log_softmax": naive,
+        "logits_path": lambda h, w, ids: token_logprobs_and_entropy(F.linear(h, w), ids),
+        "fused_head": lambda h, w, ids: fused_token_logprobs(h, w, ids, with_entropy=True),
+    }
 
     def run(fn, h, w, n=batch):
         """(logprobs, entropy, grad_hidden, grad_weight) of the first n sequences."""
@@ -128,9 +167,14 @@ def head_op(batch: int = 16) -> dict:
         return logprobs.detach(), entropy.detach(), h.grad, w.grad
 
     def differences(got, reference):
-        values = {name: (a.float() - b.float()).abs().max().item() for name, a, b in zip(("logprobs", "entropy"), got, reference)}
-        return values | {name: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-                         for name, a, b in zip(("grad_hidden_rel", "grad_weight_rel"), got[2:], reference[2:])}
+        values = {
+            name: (a.float() - b.float()).abs().max().item()
+            for name, a, b in zip(("logprobs", "entropy"), got, reference)
+        }
+        return values | {
+            name: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+            for name, a, b in zip(("grad_hidden_rel", "grad_weight_rel"), got[2:], reference[2:])
+        }
 
     out = {}
     for name, fn in variants.items():
@@ -147,9 +191,12 @@ def head_op(batch: int = 16) -> dict:
     fp32 = [run(variants[name], hidden.float(), weight.float(), 4) for name in ("fused_head", "logits_path")]
     bf16 = {name: run(fn, hidden, weight, 4) for name, fn in variants.items()}
     reference = run(naive, hidden.float(), weight.float(), 4)  # float32 all the way, from the same bf16 inputs
-    out["fused_vs_logits_path"] = {"float32": differences(*fp32), "bf16": differences(bf16["fused_head"], bf16["logits_path"]),
-                                   "bf16_fused_vs_fp32": differences(bf16["fused_head"], reference),
-                                   "bf16_logits_path_vs_fp32": differences(bf16["logits_path"], reference)}
+    out["fused_vs_logits_path"] = {
+        "float32": differences(*fp32),
+        "bf16": differences(bf16["fused_head"], bf16["logits_path"]),
+        "bf16_fused_vs_fp32": differences(bf16["fused_head"], reference),
+        "bf16_logits_path_vs_fp32": differences(bf16["logits_path"], reference),
+    }
     return out
 
 
@@ -183,8 +230,9 @@ def main() -> None:
     for variant in args.variants:
         overrides = [] if variant == "base" else variant.split()
         try:
-            results["variants"].append(time_variant(config_path, overrides, model_flops, attention_flops, args.steps,
-                                                    args.sequences))
+            results["variants"].append(
+                time_variant(config_path, overrides, model_flops, attention_flops, args.steps, args.sequences)
+            )
         except Exception as e:  # one failing variant (out of memory, say) must not lose the others
             results["variants"].append({"overrides": overrides, "error": repr(e)[:500]})
         print(json.dumps(results["variants"][-1]), flush=True)

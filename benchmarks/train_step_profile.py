@@ -18,7 +18,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from rl_step import prepare
 from torch.profiler import ProfilerActivity, profile
+from train_phase import ALG, loss_args, micro_batches
 
 from oxrl_core.algs.base import LossArgs
 from oxrl_core.algs.registry import ALGORITHMS
@@ -28,8 +30,6 @@ from oxrl_core.config.schema import RLConfig
 from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.resolve.run import resolve_run
 from oxrl_core.training.engine import TrainEngine
-from rl_step import prepare
-from train_phase import ALG, loss_args, micro_batches
 
 
 def main() -> None:
@@ -52,15 +52,36 @@ def main() -> None:
         model_path = config.model.name_or_path
     if args.ranks > 1 and args.rank is None:
         port = free_port()
-        children = [subprocess.Popen([sys.executable, __file__, str(out), "--ranks", str(args.ranks), "--rank", str(rank),
-                                      "--port", str(port), *args.overrides], env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank)})
-                    for rank in range(args.ranks)]
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    str(out),
+                    "--ranks",
+                    str(args.ranks),
+                    "--rank",
+                    str(rank),
+                    "--port",
+                    str(port),
+                    *args.overrides,
+                ],
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank)},
+            )
+            for rank in range(args.ranks)
+        ]
         sys.exit(max(child.wait() for child in children))
     rank, port = args.rank or 0, args.port or free_port()
     # every rank runs every step (ZeRO's collectives); rank 0 times, profiles and reports
     report = open(out / "profile.txt" if rank == 0 else os.devnull, "w")  # the engine sends stdout to its rank log
-    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), model_path, rank, args.ranks,
-                         ("127.0.0.1", port), out / "logs")
+    engine = TrainEngine(
+        trainer_spec(config, ALGORITHMS[config.train.alg]),
+        model_path,
+        rank,
+        args.ranks,
+        ("127.0.0.1", port),
+        out / "logs",
+    )
     # every rank makes every rank's micro-batches (the same seeded ones) and trains its own; the loss's normalisers
     # count them all
     per_rank = micro_batches(config)
@@ -101,7 +122,9 @@ def main() -> None:
         if b - a >= 20:
             innermost = open_at[(a + b) / 2][-1]
             by_op[innermost] = by_op.get(innermost, 0.0) + b - a
-    print(f"idle gaps of 20 us or more: {sum(by_op.values()) / 1e3:.1f} ms, by the host's innermost op then:", file=report)
+    print(
+        f"idle gaps of 20 us or more: {sum(by_op.values()) / 1e3:.1f} ms, by the host's innermost op then:", file=report
+    )
     for name, idle in sorted(by_op.items(), key=lambda item: -item[1])[:15]:
         print(f"  {idle / 1e3:8.2f} ms  {name[:110]}", file=report)
     for a, b in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:8]:

@@ -43,22 +43,36 @@ import traceback
 from pathlib import Path
 
 PHASES = ("generate", "refresh", "reward", "logprobs", "train", "other")
-SMOKE = dict(prompts=4, samples=4, prompt_tokens=48, new_tokens=16, steps=2,
-             overrides=["model.dtype=auto", "train.micro_batch_size=4", "train.grad_accum=4"])
+SMOKE = dict(
+    prompts=4,
+    samples=4,
+    prompt_tokens=48,
+    new_tokens=16,
+    steps=2,
+    overrides=["model.dtype=auto", "train.micro_batch_size=4", "train.grad_accum=4"],
+)
 
 
 # -- the parent: the three children one after the other, then the table ------------------------------------------------
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, help="optimizer steps per side, the median of all but the first is reported "
-                                                  "(default 4; --smoke: 2)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps per side, the median of all but the first is reported (default 4; --smoke: 2)",
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing check on the tiny model (see above)")
     parser.add_argument("--trl", nargs="*", default=[], metavar="KEY=VALUE", help="GRPOConfig overrides, TRL side only")
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for all three children")
-    parser.add_argument("--trl-timeout-s", type=float, default=280.0,
-                        help="the TRL child's time, at most (oxrl's child keeps at least 200 s of the budget)")
+    parser.add_argument(
+        "--trl-timeout-s",
+        type=float,
+        default=280.0,
+        help="the TRL child's time, at most (oxrl's child keeps at least 200 s of the budget)",
+    )
     parser.add_argument("--child", choices=["prepare", "trl", "oxrl"], help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of rl_step.yaml, applied to both sides")
     args = parse_args(parser)
@@ -68,8 +82,14 @@ def main() -> None:
 
     start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - start)
-    passthrough = ["--out", str(args.out), "--steps", str(args.steps), *(["--smoke"] if args.smoke else []),
-                   *(["--trl", *args.trl] if args.trl else [])]
+    passthrough = [
+        "--out",
+        str(args.out),
+        "--steps",
+        str(args.steps),
+        *(["--smoke"] if args.smoke else []),
+        *(["--trl", *args.trl] if args.trl else []),
+    ]
     overrides = args.overrides
     for name in ("trl.json", "oxrl.json", "vs_trl.json"):
         (args.out / name).unlink(missing_ok=True)
@@ -109,17 +129,32 @@ def run_child(args, roles: dict) -> None:
         os._exit(1)  # not the interpreter's exit: an in-process vLLM engine can hang it
 
 
-def _run_child(role: str, argv: list[str], out: Path, timeout: float, script: Path | None = None, **extra_env: str) -> int:
+def _run_child(
+    role: str, argv: list[str], out: Path, timeout: float, script: Path | None = None, **extra_env: str
+) -> int:
     """One child of `script` (this one by default) in its own session (its process group is ended with it), output to
     `<role>.log`."""
     _wait_for_free_gpu()
-    env = {**os.environ, **extra_env, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        **extra_env,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
     print(f"== {role} (at most {timeout:.0f} s)", flush=True)
     began = time.monotonic()
     with open(out / f"{role}.log", "w") as log:
-        child = subprocess.Popen([sys.executable, str(script or Path(__file__).resolve()), "--child", role, *argv], stdout=log,
-                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, str(script or Path(__file__).resolve()), "--child", role, *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             rc = child.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
@@ -129,7 +164,9 @@ def _run_child(role: str, argv: list[str], out: Path, timeout: float, script: Pa
             _end_group(child)
     print(f"   {role}: rc {rc} in {time.monotonic() - began:.0f} s", flush=True)
     if rc != 0:  # the end of its log, where the cause usually is
-        lines = [line for line in (out / f"{role}.log").read_text(errors="replace").splitlines() if "Warning" not in line]
+        lines = [
+            line for line in (out / f"{role}.log").read_text(errors="replace").splitlines() if "Warning" not in line
+        ]
         print("\n".join("   | " + line[:200] for line in lines[-15:]), flush=True)
     return rc
 
@@ -175,6 +212,7 @@ def _load(path: Path) -> dict | None:
 
 # -- child 1: the model, the prompts, rl_step.yaml ----------------------------------------------------------------------
 
+
 def child_prepare(args) -> None:
     import rl_step
 
@@ -186,8 +224,13 @@ def child_prepare(args) -> None:
         rl_step.PROMPT_TOKENS, rl_step.NEW_TOKENS = SMOKE["prompt_tokens"], SMOKE["new_tokens"]
         rl_step.QWEN25_SHAPES["tiny"], shape = {}, "tiny"
         rl_step.build_model = lambda folder, _shape: build_tiny_model(folder)  # rl_step's builds on CUDA
-    model, prompts, config_path = rl_step.prepare(args.out, args.steps, shape, gpus=getattr(args, "gpus", 1),  # vs_verl's
-                                                  long_tail=getattr(args, "long_tail", False))
+    model, prompts, config_path = rl_step.prepare(
+        args.out,
+        args.steps,
+        shape,
+        gpus=getattr(args, "gpus", 1),  # vs_verl's
+        long_tail=getattr(args, "long_tail", False),
+    )
     print(json.dumps({"model": str(model), "prompts": str(prompts), "config": str(config_path)}))
 
 
@@ -200,41 +243,69 @@ def _resolved_run(args, *extra: str):
 
 # -- child 2: TRL -------------------------------------------------------------------------------------------------------
 
+
 def trl_arguments(config, out: Path, on_gpu: bool) -> dict:
     """GRPOConfig fields for the run `config` describes (one rank, one engine, full-weight CISPO)."""
     train, rollout, model = config.train, config.rollout, config.model
     cispo = train.settings
-    unsupported = {"train.alg (only cispo is mapped)": train.alg != "cispo",
-                   "train.cispo.loss_agg (TRL's cispo aggregates over the batch's tokens: token-mean)":
-                       getattr(cispo, "loss_agg", "token-mean") != "token-mean",
-                   "lora.enabled": config.lora.enabled,
-                   "run.train_ranks": config.run.train_ranks != 1, "rollout.engines": rollout.engines != 1,
-                   "rollout.tensor_parallel_size": rollout.tensor_parallel_size != 1,
-                   "model.dtype=float16": model.dtype == "float16",
-                   "train.batch_size != micro_batch_size x grad_accum": train.micro_batch_size * train.grad_accum != train.batch_size}
+    unsupported = {
+        "train.alg (only cispo is mapped)": train.alg != "cispo",
+        "train.cispo.loss_agg (TRL's cispo aggregates over the batch's tokens: token-mean)": getattr(
+            cispo, "loss_agg", "token-mean"
+        )
+        != "token-mean",
+        "lora.enabled": config.lora.enabled,
+        "run.train_ranks": config.run.train_ranks != 1,
+        "rollout.engines": rollout.engines != 1,
+        "rollout.tensor_parallel_size": rollout.tensor_parallel_size != 1,
+        "model.dtype=float16": model.dtype == "float16",
+        "train.batch_size != micro_batch_size x grad_accum": train.micro_batch_size * train.grad_accum
+        != train.batch_size,
+    }
     if any(unsupported.values()):
         raise SystemExit("vs_trl: no TRL counterpart mapped for " + ", ".join(k for k, v in unsupported.items() if v))
     bf16 = on_gpu and model.dtype in ("bfloat16", "auto")
     return dict(
-        output_dir=str(out / "trl-run"), max_steps=train.steps, seed=train.seed,
+        output_dir=str(out / "trl-run"),
+        max_steps=train.steps,
+        seed=train.seed,
         # one optimizer step = one generation batch: micro x accum = prompts x samples (steps_per_generation = accum)
-        per_device_train_batch_size=train.micro_batch_size, gradient_accumulation_steps=train.grad_accum,
+        per_device_train_batch_size=train.micro_batch_size,
+        gradient_accumulation_steps=train.grad_accum,
         num_generations=rollout.n_samples,
-        learning_rate=train.lr, lr_scheduler_type=train.lr_scheduler, warmup_steps=train.warmup_steps,
-        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm,
+        learning_rate=train.lr,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_steps,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
         optim="adamw_torch_fused" if on_gpu else "adamw_torch",  # oxrl: torch AdamW, fused on GPU
         # oxrl: bf16 weights and compute with float32 master weights in DeepSpeed's optimizer; TRL's counterpart is its
         # default mixed precision: float32 weights, bf16 autocast
-        bf16=bf16, model_init_kwargs={"dtype": "float32", "attn_implementation": model.attn_implementation.replace("varlen", "sdpa")},
+        bf16=bf16,
+        model_init_kwargs={
+            "dtype": "float32",
+            "attn_implementation": model.attn_implementation.replace("varlen", "sdpa"),
+        },
         gradient_checkpointing=model.gradient_checkpointing,
         # CISPO: oxrl caps the detached weight at 1 + clip_high (and floors it at 1 - clip_low); TRL caps it at
         # epsilon_high and has no floor
-        loss_type="cispo", epsilon_high=1.0 + cispo.clip_high, beta=0.0, scale_rewards=cispo.adv_std_norm,
+        loss_type="cispo",
+        epsilon_high=1.0 + cispo.clip_high,
+        beta=0.0,
+        scale_rewards=cispo.adv_std_norm,
         mask_truncated_completions=rollout.mask_truncated,
-        temperature=rollout.temperature, top_p=rollout.top_p, max_completion_length=rollout.max_tokens,
-        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=rollout.gpu_memory_utilization,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        max_completion_length=rollout.max_tokens,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=rollout.gpu_memory_utilization,
         vllm_max_model_length=rollout.max_prompt_len + rollout.max_tokens,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=not on_gpu,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=not on_gpu,
     )
 
 
@@ -286,8 +357,9 @@ def child_trl(args) -> None:
         VLLMGeneration.sync_weights = cpu_sync_weights
 
     records = [json.loads(line) for line in Path(config.data.train[0].path).read_text().splitlines()]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": str(r["answer"])}
-                                 for r in records])
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": str(r["answer"])} for r in records]
+    )
     reward_fn = resolve_reward(config.reward.func, config.reward.kwargs)
 
     def reward(prompts, completions, answer, **_):
@@ -297,16 +369,25 @@ def child_trl(args) -> None:
     reward.__name__ = f"reward_{config.reward.func}"
     steps: list[dict] = []
     batch: dict = {}
-    result = {"side": "trl", "versions": _versions(trl=trl.__version__, transformers=transformers.__version__),
-              "device": _device(), "config": {k: v for k, v in fields.items() if k != "output_dir"},
-              "trl_overrides": args.trl, "per_step": steps}
+    result = {
+        "side": "trl",
+        "versions": _versions(trl=trl.__version__, transformers=transformers.__version__),
+        "device": _device(),
+        "config": {k: v for k, v in fields.items() if k != "output_dir"},
+        "trl_overrides": args.trl,
+        "per_step": steps,
+    }
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             start = time.perf_counter()
             output = super()._generate_and_score_completions(inputs)
-            batch.update(seconds=time.perf_counter() - start, samples=int(output["completion_mask"].shape[0]),
-                         prompt_tokens=int(output["prompt_mask"].sum()), generated_tokens=int(output["completion_mask"].sum()))
+            batch.update(
+                seconds=time.perf_counter() - start,
+                samples=int(output["completion_mask"].shape[0]),
+                prompt_tokens=int(output["prompt_mask"].sum()),
+                generated_tokens=int(output["completion_mask"].sum()),
+            )
             return output
 
     class Steps(TrainerCallback):
@@ -321,13 +402,22 @@ def child_trl(args) -> None:
             step_s, self.last = now - self.last, now
             took = lambda name, grad=None: sum(d for n, d, g in events if n == name and (grad is None or g == grad))
             generate = took("vLLM.generate") + took("transformers.generate")
-            phases = {"generate": generate, "refresh": took("sync_weights"), "reward": took("_calculate_rewards"),
-                      "logprobs": took("_get_per_token_logps_and_entropies", grad=False)}
+            phases = {
+                "generate": generate,
+                "refresh": took("sync_weights"),
+                "reward": took("_calculate_rewards"),
+                "logprobs": took("_get_per_token_logps_and_entropies", grad=False),
+            }
             gen_batch = batch.get("seconds", 0.0)
             phases |= {"other": gen_batch - sum(phases.values()), "train": step_s - gen_batch}
-            steps.append({"step_s": step_s, **{f"time_{p}_s": s for p, s in phases.items()},
-                          "train_forward_s": took("_get_per_token_logps_and_entropies", grad=True),
-                          **{k: v for k, v in batch.items() if k != "seconds"}})
+            steps.append(
+                {
+                    "step_s": step_s,
+                    **{f"time_{p}_s": s for p, s in phases.items()},
+                    "train_forward_s": took("_get_per_token_logps_and_entropies", grad=True),
+                    **{k: v for k, v in batch.items() if k != "seconds"},
+                }
+            )
             if len(steps) == 1:
                 result["first_step_done_s"] = now - t0
             events.clear()
@@ -337,16 +427,27 @@ def child_trl(args) -> None:
         def on_log(self, _args, _state, _control, logs=None, **__):
             if steps and logs:
                 # TRL's own metrics of the step (the last step also gets the run's summary)
-                steps[-1].setdefault("trl_logs", {}).update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+                steps[-1].setdefault("trl_logs", {}).update(
+                    {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+                )
                 _write(args.out / "trl.json", result | summarize(steps))
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     with _gpu_peak(on_gpu) as peak:
-        trainer = Timed(model=model_path, reward_funcs=reward, args=GRPOConfig(**fields), train_dataset=dataset,
-                        processing_class=tokenizer, callbacks=[Steps()])
+        trainer = Timed(
+            model=model_path,
+            reward_funcs=reward,
+            args=GRPOConfig(**fields),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[Steps()],
+        )
         trainer.train()
-    result |= {"peak_gpu_memory_gb": peak.peak_gb, "params": sum(p.numel() for p in trainer.model.parameters()),
-               "train_dtype": str(next(trainer.model.parameters()).dtype)}
+    result |= {
+        "peak_gpu_memory_gb": peak.peak_gb,
+        "params": sum(p.numel() for p in trainer.model.parameters()),
+        "train_dtype": str(next(trainer.model.parameters()).dtype),
+    }
     if on_gpu:
         result["torch_peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30  # vLLM's KV cache included
     _write(args.out / "trl.json", result | summarize(steps))
@@ -355,6 +456,7 @@ def child_trl(args) -> None:
 
 
 # -- child 3: oxrl ------------------------------------------------------------------------------------------------------
+
 
 def child_oxrl(args) -> None:
     t0 = time.perf_counter()
@@ -367,8 +469,14 @@ def child_oxrl(args) -> None:
     run = _resolved_run(args, "run.name=vs-trl-" + time.strftime("%H%M%S"))
     config = run.config
     steps: list[dict] = []
-    result = {"side": "oxrl", "gpus": getattr(args, "gpus", 1), "versions": _versions(), "device": _device(),
-              "overrides": args.overrides, "per_step": steps}
+    result = {
+        "side": "oxrl",
+        "gpus": getattr(args, "gpus", 1),
+        "versions": _versions(),
+        "device": _device(),
+        "overrides": args.overrides,
+        "per_step": steps,
+    }
     marks = [None]
 
     def timed(step: int, metrics: dict) -> None:  # called once per step, after its last phase: the step boundary
@@ -383,10 +491,16 @@ def child_oxrl(args) -> None:
         if len(marks) == 2:
             result["first_step_done_s"] = now - t0
         phases["other"] = step_s - sum(phases.values())
-        steps.append({"step_s": step_s, **{f"time_{p}_s": s for p, s in phases.items()},
-                      "samples": config.train.batch_size, "generated_tokens": generated_tokens,
-                      # rl_step.py's prompts are exactly max_prompt_len tokens long (it asserts so)
-                      "prompt_tokens": config.train.batch_size * config.rollout.max_prompt_len})
+        steps.append(
+            {
+                "step_s": step_s,
+                **{f"time_{p}_s": s for p, s in phases.items()},
+                "samples": config.train.batch_size,
+                "generated_tokens": generated_tokens,
+                # rl_step.py's prompts are exactly max_prompt_len tokens long (it asserts so)
+                "prompt_tokens": config.train.batch_size * config.rollout.max_prompt_len,
+            }
+        )
         _write(args.out / "oxrl.json", result | summarize(steps))
 
     with _gpu_peak(on_gpu) as peak:
@@ -400,13 +514,17 @@ def child_oxrl(args) -> None:
 
 # -- shared: medians, ratios, the table ---------------------------------------------------------------------------------
 
+
 def summarize(steps: list[dict]) -> dict:
     """Medians over the steps after the first (all of them when there is only one), and the derived rates."""
     measured = steps[1:] or steps
     if not measured:
         return {"steps_done": 0}
-    median = lambda key: statistics.median(s[key] for s in measured if s.get(key) is not None) \
-        if any(s.get(key) is not None for s in measured) else None
+    median = lambda key: (
+        statistics.median(s[key] for s in measured if s.get(key) is not None)
+        if any(s.get(key) is not None for s in measured)
+        else None
+    )
     out = {key: median(key) for key in ("step_s", *(f"time_{p}_s" for p in PHASES), "generated_tokens", "samples")}
     out["steps_done"], out["steps_measured"] = len(steps), len(measured)
     gen, samples = out["generated_tokens"], out["samples"]
@@ -420,13 +538,21 @@ def summarize(steps: list[dict]) -> dict:
     return out
 
 
-ROWS = [("generate (vLLM), s", "time_generate_s"), ("weight sync to vLLM, s", "time_refresh_s"),
-        ("reward, s", "time_reward_s"), ("old-policy logprobs, s", "time_logprobs_s"),
-        ("train (fwd/bwd + optimizer), s", "time_train_s"), ("other (batching, bookkeeping), s", "time_other_s"),
-        ("step (wall), s", "step_s"), ("generated tok/s (generate phase)", "generate_tokens_per_s"),
-        ("generated tok/s (whole step)", "step_generated_tokens_per_s"), ("trained tok/s (train phase)", "train_tokens_per_s"),
-        ("peak GPU memory (NVML), GB", "peak_gpu_memory_gb"), ("mean response length, tokens", "mean_response_length"),
-        ("start-up + first step, s", "first_step_done_s")]
+ROWS = [
+    ("generate (vLLM), s", "time_generate_s"),
+    ("weight sync to vLLM, s", "time_refresh_s"),
+    ("reward, s", "time_reward_s"),
+    ("old-policy logprobs, s", "time_logprobs_s"),
+    ("train (fwd/bwd + optimizer), s", "time_train_s"),
+    ("other (batching, bookkeeping), s", "time_other_s"),
+    ("step (wall), s", "step_s"),
+    ("generated tok/s (generate phase)", "generate_tokens_per_s"),
+    ("generated tok/s (whole step)", "step_generated_tokens_per_s"),
+    ("trained tok/s (train phase)", "train_tokens_per_s"),
+    ("peak GPU memory (NVML), GB", "peak_gpu_memory_gb"),
+    ("mean response length, tokens", "mean_response_length"),
+    ("start-up + first step, s", "first_step_done_s"),
+]
 NOTES = [
     "both: the same model files, prompts (exactly the prompt length in tokens, chat-templated), samples, new tokens, "
     "temperature/top_p, micro-batch x accumulation = one optimizer step per generation batch, AdamW (fused on GPU), "
@@ -456,8 +582,14 @@ def compare(trl: dict | None, oxrl: dict | None) -> dict:
         a, b = oxrl.get(key), trl.get(key)
         ratio[key] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
     speedup = trl["step_s"] / oxrl["step_s"] if trl.get("step_s") and oxrl.get("step_s") else None
-    return {"trl": trl or None, "oxrl": oxrl or None, "ratio_oxrl_over_trl": ratio, "speedup_trl_step_over_oxrl_step": speedup,
-            "target_1_5x_met": speedup >= 1.5 if speedup is not None else None, "notes": NOTES}
+    return {
+        "trl": trl or None,
+        "oxrl": oxrl or None,
+        "ratio_oxrl_over_trl": ratio,
+        "speedup_trl_step_over_oxrl_step": speedup,
+        "target_1_5x_met": speedup >= 1.5 if speedup is not None else None,
+        "notes": NOTES,
+    }
 
 
 def print_table(report: dict) -> None:
@@ -467,13 +599,24 @@ def print_table(report: dict) -> None:
     print(f"\n{'':34s} {trl_name:>12s} {'oxrl':>12s} {'oxrl / TRL':>11s}")
     for label, key in ROWS:
         r = ratio.get(key)
-        print(f"{label:34s} {fmt(trl.get(key)):>12s} {fmt(oxrl.get(key)):>12s} {'n/a' if r is None else f'{r:.3f}':>11s}")
+        print(
+            f"{label:34s} {fmt(trl.get(key)):>12s} {fmt(oxrl.get(key)):>12s} {'n/a' if r is None else f'{r:.3f}':>11s}"
+        )
     for side, data in (("TRL", trl), ("oxrl", oxrl)):
-        print(f"{side}: {data.get('steps_done', 0)} steps done, medians of the last {data.get('steps_measured', 0)}; "
-              f"{data.get('device', '?')}; {data.get('versions', {})}")
+        print(
+            f"{side}: {data.get('steps_done', 0)} steps done, medians of the last {data.get('steps_measured', 0)}; "
+            f"{data.get('device', '?')}; {data.get('versions', {})}"
+        )
     s = report["speedup_trl_step_over_oxrl_step"]
-    verdict = "" if s is None else "  (smoke: plumbing only, no measurement)" if report.get("smoke") else \
-        "  (target 1.5x: met)" if s >= 1.5 else "  (target 1.5x: NOT met)"
+    verdict = (
+        ""
+        if s is None
+        else "  (smoke: plumbing only, no measurement)"
+        if report.get("smoke")
+        else "  (target 1.5x: met)"
+        if s >= 1.5
+        else "  (target 1.5x: NOT met)"
+    )
     print(f"speed-up, TRL step / oxrl step: {'n/a' if s is None else f'{s:.2f}x'}{verdict}")
 
 

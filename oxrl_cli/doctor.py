@@ -10,13 +10,22 @@ STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def doctor(
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (schema: oxrl_core.doctor.report.Report)."),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print the report as JSON (schema: oxrl_core.doctor.report.Report)."
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too, not only on failures."),
     deep: bool = typer.Option(False, "--deep", help="Also run a 2-process all-reduce (NCCL with 2+ GPUs, else gloo)."),
-    smoke: bool = typer.Option(False, "--smoke",
-                               help="Also run one RL step on the built-in tiny model through the whole stack (about a minute on CPU)."),
-    timeout: float = typer.Option(60.0, "--timeout", min=1,
-                                  help="Seconds each probe (Ray start, DeepSpeed report, torch on the GPUs, all-reduce) may take."),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="Also run one RL step on the built-in tiny model through the whole stack (about a minute on CPU).",
+    ),
+    timeout: float = typer.Option(
+        60.0,
+        "--timeout",
+        min=1,
+        help="Seconds each probe (Ray start, DeepSpeed report, torch on the GPUs, all-reduce) may take.",
+    ),
 ) -> None:
     """Check Python, memory, disks, GPUs, CUDA, packages, DeepSpeed and Ray. Exit 0 when nothing fails, 1 when something does."""
     from oxrl_core.doctor.diagnose import run_checks

@@ -10,11 +10,21 @@ from oxrl_core.errors import OxrlError
 
 
 def onboard(
-    model: str = typer.Argument(None, help="A Hugging Face Hub id (org/name) or a local model folder.", show_default=False),
-    out: Path = typer.Option(Path("registry"), "--out", help="Where the entry (<org>--<name>.yaml) and its configs go."),
-    verify: bool = typer.Option(False, "--verify", help="Run one SFT step and one RL step on the model and record it as verified."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run model code shipped with the repository (off unless you trust it)."),
-    list_: bool = typer.Option(False, "--list", help="Print the registry (shipped entries and those in --out) and exit."),
+    model: str = typer.Argument(
+        None, help="A Hugging Face Hub id (org/name) or a local model folder.", show_default=False
+    ),
+    out: Path = typer.Option(
+        Path("registry"), "--out", help="Where the entry (<org>--<name>.yaml) and its configs go."
+    ),
+    verify: bool = typer.Option(
+        False, "--verify", help="Run one SFT step and one RL step on the model and record it as verified."
+    ),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Run model code shipped with the repository (off unless you trust it)."
+    ),
+    list_: bool = typer.Option(
+        False, "--list", help="Print the registry (shipped entries and those in --out) and exit."
+    ),
 ) -> None:
     """Scout a model (config and tokenizer only, never the weights), write its registry entry and SFT/RL configs."""
     from oxrl_core.model_registry.schema import entry_file_name, registry_entries, write_entry
@@ -34,8 +44,14 @@ def onboard(
         raise OxrlError(f"{model}: not onboarded: {'; '.join(report.stops)}")
     entry = report.entry
     if verify and not entry.oxrl_trainable:
-        raise OxrlError(f"--verify: oxrl cannot train {model} (model_type {entry.model_type!r}), so there is nothing to verify")
-    configs = write_configs(entry, trust_remote_code, out / entry_file_name(entry.model).removesuffix(".yaml")) if entry.oxrl_trainable else ()
+        raise OxrlError(
+            f"--verify: oxrl cannot train {model} (model_type {entry.model_type!r}), so there is nothing to verify"
+        )
+    configs = (
+        write_configs(entry, trust_remote_code, out / entry_file_name(entry.model).removesuffix(".yaml"))
+        if entry.oxrl_trainable
+        else ()
+    )
     entry_path = write_entry(entry, out)
     if verify:
         from oxrl_core.model_registry.verify import verify as verify_steps
@@ -61,12 +77,21 @@ def _render_report(report, console: Console) -> None:
         ("dtype", e.dtype),
         ("vocabulary", f"{e.vocab_size:,}"),
         ("special tokens", ", ".join(f"{k} {v!r}" for k, v in report.special_tokens.items()) or "none"),
-        ("chat template", "renders user/assistant with a generation prompt" if report.rendered_chat else
-                          "present, does not render" if e.chat_template else "none"),
+        (
+            "chat template",
+            "renders user/assistant with a generation prompt"
+            if report.rendered_chat
+            else "present, does not render"
+            if e.chat_template
+            else "none",
+        ),
         (f"vLLM {report.vllm_version}", "supports it" if report.vllm_supported else "does not support it"),
         ("oxrl trainer", "loads it" if e.oxrl_trainable else "cannot load it"),
-        ("recommended", f"{'full fine-tuning' if e.recommended_mode == 'full' else 'LoRA'}: full needs ~{full_finetune_gb(e.params):.3g} GB "
-                        f"(16 B/param x 1.2) for {report.gpu_note}"),
+        (
+            "recommended",
+            f"{'full fine-tuning' if e.recommended_mode == 'full' else 'LoRA'}: full needs ~{full_finetune_gb(e.params):.3g} GB "
+            f"(16 B/param x 1.2) for {report.gpu_note}",
+        ),
         ("LoRA targets", ", ".join(e.lora_targets)),
     ]
     for key, value in rows:
@@ -81,15 +106,26 @@ def _render_report(report, console: Console) -> None:
 
 
 def _render_registry(entries: list, console: Console) -> None:
-    table = Table(title="oxrl model registry", caption="mode: full fine-tuning or LoRA by the 16 B/param rule, for the GPU memory "
-                                                       "in each entry (shipped entries: one 80 GB GPU)")
+    table = Table(
+        title="oxrl model registry",
+        caption="mode: full fine-tuning or LoRA by the 16 B/param rule, for the GPU memory "
+        "in each entry (shipped entries: one 80 GB GPU)",
+    )
     table.add_column("model", no_wrap=True)
     for column in ("class", "params", "active", "context", "mode", "oxrl trains", "status"):
         table.add_column(column)
     for e in sorted(entries, key=lambda e: e.model.lower()):
         status = f"verified {e.verified_date}" if e.status == "verified" else e.status
-        table.add_row(e.model, e.model_class, _count(e.params), _count(e.active_params) if e.active_params else "-",
-                      f"{e.context_length:,}", e.recommended_mode, "yes" if e.oxrl_trainable else "no", status)
+        table.add_row(
+            e.model,
+            e.model_class,
+            _count(e.params),
+            _count(e.active_params) if e.active_params else "-",
+            f"{e.context_length:,}",
+            e.recommended_mode,
+            "yes" if e.oxrl_trainable else "no",
+            status,
+        )
     console.print(table)
     console.print(f"{len(entries)} models", highlight=False)
 

@@ -11,25 +11,46 @@ SHOWN_DROPS = 5
 
 
 def preprocess(
-    source: str = typer.Argument(None, show_default=False,
-                                 help="A .jsonl/.json/.csv/.parquet file, a saved `datasets` folder, or a Hub dataset id "
-                                      "(cached, or downloaded when online). Omitted for --format arithmetic."),
+    source: str = typer.Argument(
+        None,
+        show_default=False,
+        help="A .jsonl/.json/.csv/.parquet file, a saved `datasets` folder, or a Hub dataset id "
+        "(cached, or downloaded when online). Omitted for --format arithmetic.",
+    ),
     fmt: str = typer.Option(..., "--format", help="gsm8k, math, openr1, preference, generic or arithmetic."),
     out: Path = typer.Option(..., "--out", help="Output folder: <split>.parquet and <split>.manifest.json go there."),
-    split: str = typer.Option("train", "--split", help="The split to read (saved datasets, the Hub); names the output files."),
-    mapping: list[str] = typer.Option(None, "--map", help="NEW=OLD: rename source column OLD to NEW before converting; repeatable."),
+    split: str = typer.Option(
+        "train", "--split", help="The split to read (saved datasets, the Hub); names the output files."
+    ),
+    mapping: list[str] = typer.Option(
+        None, "--map", help="NEW=OLD: rename source column OLD to NEW before converting; repeatable."
+    ),
     subset: str = typer.Option(None, "--subset", help="The Hub dataset's configuration (e.g. main for openai/gsm8k)."),
     n: int = typer.Option(None, "--n", help="arithmetic: number of problems (default 512)."),
     seed: int = typer.Option(None, "--seed", help="arithmetic: random seed (default 0)."),
-    kind: str = typer.Option(None, "--kind", help="arithmetic: rl, sft, preference, kto or text records (default sft)."),
-    strict: bool = typer.Option(False, "--strict", help="A row that does not convert is an error (exit 2), not a drop."),
+    kind: str = typer.Option(
+        None, "--kind", help="arithmetic: rl, sft, preference, kto or text records (default sft)."
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="A row that does not convert is an error (exit 2), not a drop."
+    ),
 ) -> None:
     """Convert GSM8K, MATH, OpenR1-Math, preference or any tabular data into oxrl's records (parquet + manifest)."""
     from oxrl_core.preprocess.pipeline import parse_mapping
     from oxrl_core.preprocess.pipeline import preprocess as run_preprocess
 
-    manifest = run_preprocess(source, fmt, out, split=split, mapping=parse_mapping(mapping or []), subset=subset,
-                              strict=strict, n=n, seed=seed, kind=kind)
+    manifest = run_preprocess(
+        source,
+        fmt,
+        out,
+        split=split,
+        mapping=parse_mapping(mapping or []),
+        subset=subset,
+        strict=strict,
+        n=n,
+        seed=seed,
+        kind=kind,
+    )
     _render(manifest, Console())
 
 

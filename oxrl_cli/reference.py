@@ -27,7 +27,10 @@ def reference_markdown(app: typer.Typer = app) -> str:
     """The generated block: an index, then `oxrl` itself and every command and sub-command in `oxrl --help`'s order."""
     commands = list(_walk(get_command(app), "oxrl"))
     lines = ["| command | what it does |", "|---|---|"]
-    lines += [f"| [`{name}`](#{name.replace(' ', '-')}) | {_inline(_first_sentence(command.help))} |" for name, command in commands]
+    lines += [
+        f"| [`{name}`](#{name.replace(' ', '-')}) | {_inline(_first_sentence(command.help))} |"
+        for name, command in commands
+    ]
     lines.append("")
     for name, command in commands:
         lines += _section(name, command)
@@ -69,7 +72,11 @@ def _usage(name: str, command) -> str:
 
 
 def _row(p, annotation, config_keys: dict) -> str:
-    names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts]) if _is_option(p) else f"`{(p.metavar or p.name).upper()}`"
+    names = (
+        ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+        if _is_option(p)
+        else f"`{(p.metavar or p.name).upper()}`"
+    )
     help_text = p.help or ""
     stated = DEFAULT_IN_HELP.search(help_text)
     help_text = DEFAULT_IN_HELP.sub("", help_text)

@@ -9,8 +9,10 @@ def render_sl_summary(summary: dict, console: Console) -> None:
     rows = [
         ("steps", f"{summary['first_step'] - 1} -> {summary['steps']}"),
         ("loss (first -> last step)", _pair(summary["first_loss"], summary["last_loss"])),
-        *((f"{key} (before -> after)", _pair(summary.get("eval_before", {}).get(key), value))
-          for key, value in summary.get("eval_after", {}).items()),
+        *(
+            (f"{key} (before -> after)", _pair(summary.get("eval_before", {}).get(key), value))
+            for key, value in summary.get("eval_after", {}).items()
+        ),
         ("skipped records", str(summary["skipped_records"])),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("model", summary.get("checkpoint", "not saved (run.save_final=false)")),
@@ -23,10 +25,19 @@ def render_rl_summary(summary: dict, console: Console) -> None:
     table = Table(title="oxrl train rl: done", show_header=False)
     last = summary["history"][-1] if summary["history"] else {}
     rows = [
-        ("steps", f"{summary['first_step'] - 1} -> {summary['history'][-1]['step'] if summary['history'] else summary['first_step'] - 1}"),
+        (
+            "steps",
+            f"{summary['first_step'] - 1} -> {summary['history'][-1]['step'] if summary['history'] else summary['first_step'] - 1}",
+        ),
         ("reward (last step)", _num(last.get("reward_mean"))),
-        ("eval accuracy, sampled (before -> after)", _pair(*(summary.get(k, {}).get("eval_accuracy") for k in ("eval_before", "eval_after")))),
-        ("eval accuracy, greedy (before -> after)", _pair(*(summary.get(k, {}).get("eval_accuracy_greedy") for k in ("eval_before", "eval_after")))),
+        (
+            "eval accuracy, sampled (before -> after)",
+            _pair(*(summary.get(k, {}).get("eval_accuracy") for k in ("eval_before", "eval_after"))),
+        ),
+        (
+            "eval accuracy, greedy (before -> after)",
+            _pair(*(summary.get(k, {}).get("eval_accuracy_greedy") for k in ("eval_before", "eval_after"))),
+        ),
         ("reward errors", str(summary.get("reward_errors", 0))),
         ("stopped early", summary.get("stopped_early", "no")),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),

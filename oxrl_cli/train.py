@@ -5,24 +5,38 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from oxrl_core.config.load import dump_config
 from oxrl_core.algs.registry import RL_ALGS, SL_ALGS
+from oxrl_core.config.load import dump_config
 
-train_app = typer.Typer(help="Train a model: supervised/preference (sl) or reinforcement learning (rl).", no_args_is_help=True)
+train_app = typer.Typer(
+    help="Train a model: supervised/preference (sl) or reinforcement learning (rl).", no_args_is_help=True
+)
 
-CONFIG = typer.Option(None, "--config", "-c",
-                      help="YAML config file (every key: docs/reference/config.md); without one, the overrides alone are the config.")
-OVERRIDES = typer.Argument(None, help="Dotted overrides applied after the file, e.g. train.lr=2e-5 train.steps=10.", show_default=False)
+CONFIG = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="YAML config file (every key: docs/reference/config.md); without one, the overrides alone are the config.",
+)
+OVERRIDES = typer.Argument(
+    None, help="Dotted overrides applied after the file, e.g. train.lr=2e-5 train.steps=10.", show_default=False
+)
 DRY_RUN = typer.Option(False, "--dry-run", help="Validate, print the resolved config as YAML and exit.")
 
 
 @train_app.command("sl")
 def sl(
-    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft).",
-                            autocompletion=lambda incomplete: _starting_with(SL_ALGS, incomplete)),
+    alg: str = typer.Option(
+        None,
+        "--alg",
+        help=f"One of: {', '.join(SL_ALGS)} (default: train.alg, else sft).",
+        autocompletion=lambda incomplete: _starting_with(SL_ALGS, incomplete),
+    ),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."
+    ),
     strict: bool = typer.Option(False, "--strict", help="Make a bad data record fatal instead of skipped and counted."),
     dry_run: bool = DRY_RUN,
 ) -> None:
@@ -42,12 +56,20 @@ def sl(
 
 @train_app.command("rl")
 def rl(
-    alg: str = typer.Option(None, "--alg", help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo).",
-                            autocompletion=lambda incomplete: _starting_with(RL_ALGS, incomplete)),
+    alg: str = typer.Option(
+        None,
+        "--alg",
+        help=f"One of: {', '.join(RL_ALGS)} (default: train.alg, else cispo).",
+        autocompletion=lambda incomplete: _starting_with(RL_ALGS, incomplete),
+    ),
     config: Path = CONFIG,
     overrides: list[str] = OVERRIDES,
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."),
-    strict: bool = typer.Option(False, "--strict", help="Make a bad prompt record fatal instead of skipped and counted."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in run.output_dir/run.name from its last checkpoint."
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Make a bad prompt record fatal instead of skipped and counted."
+    ),
     dry_run: bool = DRY_RUN,
 ) -> None:
     """Reinforcement learning: vLLM rollouts, verifiable rewards, DeepSpeed updates, all under Ray."""
@@ -76,7 +98,9 @@ def _dry_run(resolved) -> None:
     if resolved.algorithm.rewards:
         from oxrl_core.rewards import resolve_reward
 
-        resolve_reward(config.reward.func, config.reward.kwargs, config.reward.judge if resolved.algorithm.loop == "rl" else None)
+        resolve_reward(
+            config.reward.func, config.reward.kwargs, config.reward.judge if resolved.algorithm.loop == "rl" else None
+        )
     typer.echo(dump_config(config), nl=False)
 
 

@@ -1,6 +1,8 @@
 """oxrl: readable post-training for LLMs on DeepSpeed, vLLM and Ray."""
 
-from oxrl_core.version import __version__  # re-exported: `oxrl_core.__version__`
+from oxrl_core.version import __version__
+
+__all__ = ["Trainer", "__version__"]  # `oxrl_core.__version__`; `Trainer` on first use (below)
 
 
 def __getattr__(name: str):

@@ -32,8 +32,15 @@ class Trainer:
         shared by every `train` call."""
         self.sections = merged({"model": {"name_or_path": model}}, sections)
 
-    def train(self, alg: str | None = None, data: str | Path | list | None = None, task: str | None = None,
-              steps: int | None = None, console: Console | None = None, **sections: dict) -> dict:
+    def train(
+        self,
+        alg: str | None = None,
+        data: str | Path | list | None = None,
+        task: str | None = None,
+        steps: int | None = None,
+        console: Console | None = None,
+        **sections: dict,
+    ) -> dict:
         """Run one training and return its summary (the run folder's summary.json: metrics, checkpoint path).
 
         `alg`: any of `oxrl train sl` or `oxrl train rl`; `task="reasoning"` means RL (CISPO unless `alg` says
@@ -52,11 +59,15 @@ class Trainer:
         if data is None:
             if task != "reasoning":
                 raise OxrlError("data: give a data file (or task='reasoning' for the built-in synthetic arithmetic)")
-            data = write_jsonl(arithmetic_problems(2000, seed=2, max_operand=9),
-                               Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic" / "rl_train.jsonl")
+            data = write_jsonl(
+                arithmetic_problems(2000, seed=2, max_operand=9),
+                Path(os.environ.get("OXRL_DATA_DIR", "data")) / "arithmetic" / "rl_train.jsonl",
+            )
         files = data if isinstance(data, list) else [data]
-        run = {"train": {"alg": alg, **({"steps": steps} if steps is not None else {})},
-               "data": {"train": [{"path": str(f)} for f in files]}}
+        run = {
+            "train": {"alg": alg, **({"steps": steps} if steps is not None else {})},
+            "data": {"train": [{"path": str(f)} for f in files]},
+        }
         if task == "reasoning":
             run["reward"] = {"func": "math"}
         tree = merged(merged(self.sections, run), sections)

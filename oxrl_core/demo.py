@@ -36,13 +36,20 @@ def run_demo(console: Console, seed: int) -> dict:
     sft, sft_steps = train_demo_sft(console, files, seed, f"{name}-sft")
     console.rule("2/2 CISPO: reward right answers")
     rl, rl_steps = train_demo_rl(console, files, sft["checkpoint"], seed, f"{name}-rl", RL_CONFIG)
-    evals = [(0, rl["eval_before"]["eval_accuracy"])] + [(h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h]
+    evals = [(0, rl["eval_before"]["eval_accuracy"])] + [
+        (h["step"], h["eval_accuracy"]) for h in rl["history"] if "eval_accuracy" in h
+    ]
     evals.append((rl["history"][-1]["step"], rl["eval_after"]["eval_accuracy"]))
     plot = plot_curves(rl["history"], evals, Path(rl["run_dir"]) / "curves.png")
     return {
-        "sft_eval_loss": sft["eval_loss"], "after_sft": rl["eval_before"], "after_rl": rl["eval_after"],
-        "sft_steps": sft_steps, "rl_steps": rl_steps,
-        "wall_time_s": time.perf_counter() - start, "checkpoint": rl["checkpoint"], "plot": str(plot),
+        "sft_eval_loss": sft["eval_loss"],
+        "after_sft": rl["eval_before"],
+        "after_rl": rl["eval_after"],
+        "sft_steps": sft_steps,
+        "rl_steps": rl_steps,
+        "wall_time_s": time.perf_counter() - start,
+        "checkpoint": rl["checkpoint"],
+        "plot": str(plot),
     }
 
 
@@ -64,19 +71,42 @@ def demo_data(seed: int) -> dict[str, Path]:
 
 def train_demo_sft(console: Console, files: dict[str, Path], seed: int, name: str) -> tuple[dict, int]:
     """The demo's SFT run; returns its summary and step count."""
-    run = resolve_run("sl", SFT_CONFIG, [
-        f"data.train=[{{path: {files['sft_train']}}}]", f"data.val={files['sft_val']}", f"run.name={name}",
-        f"train.seed={seed}"])
+    run = resolve_run(
+        "sl",
+        SFT_CONFIG,
+        [
+            f"data.train=[{{path: {files['sft_train']}}}]",
+            f"data.val={files['sft_val']}",
+            f"run.name={name}",
+            f"train.seed={seed}",
+        ],
+    )
     return train(run, resume=False, console=console), run.config.train.steps
 
 
-def train_demo_rl(console: Console, files: dict[str, Path], sft_checkpoint: str, seed: int, name: str,
-                  config_path: Path = RL_CONFIG, overrides: tuple[str, ...] = ()) -> tuple[dict, int]:
+def train_demo_rl(
+    console: Console,
+    files: dict[str, Path],
+    sft_checkpoint: str,
+    seed: int,
+    name: str,
+    config_path: Path = RL_CONFIG,
+    overrides: tuple[str, ...] = (),
+) -> tuple[dict, int]:
     """The demo's RL run from `sft_checkpoint` (`config_path` and `overrides` let a benchmark change the algorithm);
     returns its summary and step count."""
-    run = resolve_run("rl", config_path, [
-        f"model.name_or_path={sft_checkpoint}", f"data.train=[{{path: {files['rl_train']}}}]",
-        f"data.val={files['rl_val']}", f"run.name={name}", f"train.seed={seed}", *overrides])
+    run = resolve_run(
+        "rl",
+        config_path,
+        [
+            f"model.name_or_path={sft_checkpoint}",
+            f"data.train=[{{path: {files['rl_train']}}}]",
+            f"data.val={files['rl_val']}",
+            f"run.name={name}",
+            f"train.seed={seed}",
+            *overrides,
+        ],
+    )
     return train(run, resume=False, console=console), run.config.train.steps
 
 
@@ -89,12 +119,18 @@ def plot_curves(history: list[dict], evals: list[tuple[int, float]], path: Path)
 
     steps = [h["step"] for h in history]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
-    for ax, key, title in zip(axes, ("reward_mean", "accuracy", "response_length"),
-                              ("mean reward", "sample accuracy", "response length (tokens)")):
+    for ax, key, title in zip(
+        axes,
+        ("reward_mean", "accuracy", "response_length"),
+        ("mean reward", "sample accuracy", "response length (tokens)"),
+    ):
         values = [h[key] for h in history]
         ax.plot(steps, values, alpha=0.35)
         window = max(1, len(values) // 20)  # a moving average shows the trend through sampling noise
-        smooth = [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        smooth = [
+            sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+            for i in range(len(values))
+        ]
         ax.plot(steps, smooth)
         ax.set_title(title)
         ax.set_xlabel("step")

@@ -18,8 +18,10 @@ XDIST_GROUP = re.compile(r"@[\w.-]+$")  # pytest-xdist's loadgroup appends a tes
 def main(path: Path) -> None:
     if not path.is_file():
         sys.exit(f"{path}: no such file; `make test-all` writes it")
-    cases = [(float(c.get("time", 0)), c.get("classname", ""), XDIST_GROUP.sub("", c.get("name", "")), _outcome(c))
-             for c in ET.parse(path).getroot().iter("testcase")]
+    cases = [
+        (float(c.get("time", 0)), c.get("classname", ""), XDIST_GROUP.sub("", c.get("name", "")), _outcome(c))
+        for c in ET.parse(path).getroot().iter("testcase")
+    ]
     cases.sort(reverse=True)
     print(f"{len(cases)} tests, {sum(t for t, *_ in cases):.0f} s in all (summed over workers)\n")
     print("slowest 25:")

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from oxrl_core.models.tiny import (TINY_AUDIO_MODEL_NAME, TINY_QWEN3_VL_MODEL_NAME, TINY_SMOLVLM_MODEL_NAME,
-                                  TINY_VL_MODEL_NAME, resolve_tiny_model)
+from oxrl_core.models.tiny import (
+    TINY_AUDIO_MODEL_NAME,
+    TINY_QWEN3_VL_MODEL_NAME,
+    TINY_SMOLVLM_MODEL_NAME,
+    TINY_VL_MODEL_NAME,
+    resolve_tiny_model,
+)
 
 # Nothing in the suite may touch the network, and nothing may write into the checkout.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -52,8 +57,9 @@ def pytest_collection_modifyitems(items):
     group = {item.path: "shipped-sft" if item.path in from_sft else item.path.stem for item in items}
     producers = {name: entry.get("test_file") for name, entry in json.loads(FINGERPRINTS.read_text()).items()}
     comparisons = [item for item in items if item.path == FINGERPRINTS.with_name("test_fingerprints.py")]
-    ordered = sorted((item for item in items if item not in comparisons),
-                     key=lambda item: not item.get_closest_marker("integration"))
+    ordered = sorted(
+        (item for item in items if item not in comparisons), key=lambda item: not item.get_closest_marker("integration")
+    )
     for item in ordered:
         if item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.xdist_group(group[item.path]))
@@ -67,8 +73,11 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_ray_cluster: an integration test whose runs start and stop their own Ray "
-                                       "cluster, as `oxrl` does when RAY_ADDRESS is not set")
+    config.addinivalue_line(
+        "markers",
+        "own_ray_cluster: an integration test whose runs start and stop their own Ray "
+        "cluster, as `oxrl` does when RAY_ADDRESS is not set",
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -113,9 +122,12 @@ def ray_address(_isolated_dirs) -> str:
     """One Ray cluster for the session. Starting and stopping a cluster costs each run about 6 s; joining one
     through RAY_ADDRESS (as on a user's cluster) costs a fraction of a second. A run's actors end with the run."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
-    address = next((line.strip().removeprefix("RAY_ADDRESS=") for line in head.stdout if line.startswith("RAY_ADDRESS=")), "")
+    head = subprocess.Popen(
+        [sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+    address = next(
+        (line.strip().removeprefix("RAY_ADDRESS=") for line in head.stdout if line.startswith("RAY_ADDRESS=")), ""
+    )
     assert address, f"the shared Ray cluster did not start (exit code {head.wait()})"
     yield address
     head.stdin.close()
@@ -135,8 +147,14 @@ def oxrl():
     """Run the installed `oxrl` console script; returns the CompletedProcess (text)."""
 
     def run(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([str(OXRL), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})}, cwd=REPO)
+        return subprocess.run(
+            [str(OXRL), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+        )
 
     return run
 
@@ -148,8 +166,16 @@ def shipped_sft_run(tmp_path_factory, tiny_model_dir, oxrl, ray_address) -> Path
     plays DAPO's example and the environment examples' episodes. (Session fixtures are set up before the per-test
     one that sets RAY_ADDRESS: this one passes it itself.)"""
     out = tmp_path_factory.mktemp("sft") / "runs"
-    result = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={out}",
-                  env={"RAY_ADDRESS": ray_address})
+    result = oxrl(
+        "train",
+        "sl",
+        "--alg",
+        "sft",
+        "--config",
+        "examples/sft_tiny.yaml",
+        f"run.output_dir={out}",
+        env={"RAY_ADDRESS": ray_address},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "sft-tiny"
 
@@ -187,16 +213,25 @@ def oxrl_signalled():
     once, as Slurm does; or the process `pid_of()` names), call `after_signal` and wait for the exit. Every process
     of the run carries a marker in its environment, so those left behind are found wherever they were reparented."""
 
-    def run(args: list, when, signum: int, to: str = "driver", env: dict | None = None,
-            after_signal=None, pid_of=None) -> SignalledRun:
+    def run(
+        args: list, when, signum: int, to: str = "driver", env: dict | None = None, after_signal=None, pid_of=None
+    ) -> SignalledRun:
         marker = f"oxrl-test-{uuid.uuid4().hex}"
         shm_before = set(os.listdir("/dev/shm"))
-        process = subprocess.Popen([str(OXRL), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, cwd=REPO, start_new_session=True,
-                                   env={**os.environ, **(env or {}), "OXRL_TEST_MARKER": marker})
+        process = subprocess.Popen(
+            [str(OXRL), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+            env={**os.environ, **(env or {}), "OXRL_TEST_MARKER": marker},
+        )
         lines, errors = [], []
-        readers = [threading.Thread(target=lambda s=s, into=into: into.extend(s), daemon=True)
-                   for s, into in ((process.stdout, lines), (process.stderr, errors))]
+        readers = [
+            threading.Thread(target=lambda s=s, into=into: into.extend(s), daemon=True)
+            for s, into in ((process.stdout, lines), (process.stderr, errors))
+        ]
         for reader in readers:
             reader.start()
         deadline = time.monotonic() + 600

@@ -31,6 +31,7 @@ class Block:
 @dataclass(frozen=True)
 class Command:
     """One line of a bash block: the command, and the comment after it (two spaces, then #)."""
+
     where: str
     page: Path
     text: str
@@ -58,8 +59,14 @@ def commands(prefix: str = "", pages: list[Path] = PAGES) -> list[Command]:
         for offset, line in enumerate(block.text.splitlines(), start=1):
             text, _, comment = line.partition("  #")
             if text.strip() and text.strip().startswith(prefix):
-                found.append(Command(f"{block.page.relative_to(REPO)}:{block.line + offset}", block.page,
-                                     text.strip(), comment.strip().removeprefix("#").strip()))
+                found.append(
+                    Command(
+                        f"{block.page.relative_to(REPO)}:{block.line + offset}",
+                        block.page,
+                        text.strip(),
+                        comment.strip().removeprefix("#").strip(),
+                    )
+                )
     return found
 
 

@@ -25,12 +25,16 @@ from torch.nn.functional import scaled_dot_product_attention
 from oxrl_core.training.packing import flash_varlen_attention
 
 SEQUENCES, HEADS, KV_HEADS, DIM = 32, 14, 2, 64
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 def padded_attention(backend, expand_kv: bool):
     """Packed q [N, Hq, D], k and v [N, Hkv, D] -> [N, Hq, D] through SDPA on the right-padded [B, H, T, D]."""
+
     def attention(q, k, v, cu_seq_lens, max_length, scale):
         lengths = cu_seq_lens[1:] - cu_seq_lens[:-1]  # [B]
         t = torch.arange(max_length, device=q.device)
@@ -43,6 +47,7 @@ def padded_attention(backend, expand_kv: bool):
             out = scaled_dot_product_attention(*padded, is_causal=True, scale=scale, enable_gqa=not expand_kv)
         out = out.transpose(1, 2)  # [B, T, Hq, D]
         return out[real]  # [N, Hq, D], in packed order
+
     return attention
 
 
@@ -50,9 +55,14 @@ def reference(q, k, v, cu_seq_lens, max_length, scale):
     """The same attention in float32 by the math backend, one causal SDPA per sequence."""
     bounds = cu_seq_lens.tolist()
     with sdpa_kernel(SDPBackend.MATH):
-        return torch.cat([scaled_dot_product_attention(
-            *(x[a:b].transpose(0, 1) for x in (q, k, v)), is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
-            for a, b in zip(bounds, bounds[1:])])
+        return torch.cat(
+            [
+                scaled_dot_product_attention(
+                    *(x[a:b].transpose(0, 1) for x in (q, k, v)), is_causal=True, scale=scale, enable_gqa=True
+                ).transpose(0, 1)
+                for a, b in zip(bounds, bounds[1:])
+            ]
+        )
 
 
 def varlen_kv_expanded(q, k, v, cu_seq_lens, max_length, scale):
@@ -72,14 +82,14 @@ def timed(attention, q, k, v, grad, cu_seq_lens, max_length, repeats=20) -> tupl
     for _ in range(min(3, repeats)):
         for x in (q, k, v):
             x.grad = None
-        attention(q, k, v, cu_seq_lens, max_length, DIM ** -0.5).backward(grad)
+        attention(q, k, v, cu_seq_lens, max_length, DIM**-0.5).backward(grad)
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for x in (q, k, v):
             x.grad = None
         start.record()
-        out = attention(q, k, v, cu_seq_lens, max_length, DIM ** -0.5)
+        out = attention(q, k, v, cu_seq_lens, max_length, DIM**-0.5)
         out.backward(grad)
         end.record()
         torch.cuda.synchronize()
@@ -93,16 +103,23 @@ def main() -> None:
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "cudnn": torch.backends.cudnn.version()}
-    mixes = {"all_640": torch.full((SEQUENCES,), 640),
-             "128_plus_uniform_512": 128 + torch.randint(0, 513, (SEQUENCES,), generator=generator)}
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+    }
+    mixes = {
+        "all_640": torch.full((SEQUENCES,), 640),
+        "128_plus_uniform_512": 128 + torch.randint(0, 513, (SEQUENCES,), generator=generator),
+    }
     for mix, lengths in mixes.items():
         cu_seq_lens = torch.zeros(SEQUENCES + 1, dtype=torch.int32)
         cu_seq_lens[1:] = lengths.cumsum(0)
         cu_seq_lens, max_length, tokens = cu_seq_lens.cuda(), int(lengths.max()), int(lengths.sum())
-        q, k, v = (torch.randn(tokens, heads, DIM, device="cuda", dtype=torch.bfloat16).requires_grad_()
-                   for heads in (HEADS, KV_HEADS, KV_HEADS))
+        q, k, v = (
+            torch.randn(tokens, heads, DIM, device="cuda", dtype=torch.bfloat16).requires_grad_()
+            for heads in (HEADS, KV_HEADS, KV_HEADS)
+        )
         grad = torch.randn_like(q)  # the output's gradient, the same for every variant
         exact = [x.detach().float().requires_grad_() for x in (q, k, v)]
         _, exact = timed(reference, *exact, grad.float(), cu_seq_lens, max_length, repeats=1)
@@ -116,7 +133,9 @@ def main() -> None:
             for expand_kv in (False, True):
                 key = f"{mix}_sdpa_{name}{'_kv_expanded' if expand_kv else ''}"
                 try:
-                    seconds, values = timed(padded_attention(backend, expand_kv), q, k, v, grad, cu_seq_lens, max_length)
+                    seconds, values = timed(
+                        padded_attention(backend, expand_kv), q, k, v, grad, cu_seq_lens, max_length
+                    )
                 except RuntimeError as error:  # a backend that refuses these inputs says why
                     report[key] = f"refused: {str(error).splitlines()[0][:200]}"
                     continue

@@ -40,10 +40,19 @@ class _LayerCall(torch.nn.Module):
         super().__init__()
         self.layer = layer
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cu_seq_lens: torch.Tensor | None = None) -> torch.Tensor:
-        packed = {} if cu_seq_lens is None else {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
-                                                 "max_length_q": LENGTH, "max_length_k": LENGTH}
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seq_lens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        packed = (
+            {}
+            if cu_seq_lens is None
+            else {
+                "cu_seq_lens_q": cu_seq_lens,
+                "cu_seq_lens_k": cu_seq_lens,
+                "max_length_q": LENGTH,
+                "max_length_k": LENGTH,
+            }
+        )
         return self.layer(hidden, attention_mask=None, position_embeddings=(cos, sin), **packed)
 
 
@@ -65,8 +74,9 @@ def train(model_path: str, variant: str) -> dict:
     scope, mode, optimizer_kind = variant.split("/")
     packed = scope.startswith("packed")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16,
-                                                 attn_implementation=ATTENTION if packed else "sdpa").cuda()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.bfloat16, attn_implementation=ATTENTION if packed else "sdpa"
+    ).cuda()
     model.config.use_cache = False
     if mode != "none":
         for block in [model.model] if scope == "stack" else model.model.layers:
@@ -85,8 +95,17 @@ def train(model_path: str, variant: str) -> dict:
         cos, sin = decoder.rotary_emb(torch.empty(1, dtype=torch.bfloat16, device="cuda"), positions)
         calls = tuple(_LayerCall(layer) for layer in decoder.layers)
         if scope.endswith("graphed"):
-            sample = [(torch.randn(*shape, model.config.hidden_size, dtype=torch.bfloat16, device="cuda",
-                                   requires_grad=True), cos, sin, *extra) for _ in calls]
+            sample = [
+                (
+                    torch.randn(
+                        *shape, model.config.hidden_size, dtype=torch.bfloat16, device="cuda", requires_grad=True
+                    ),
+                    cos,
+                    sin,
+                    *extra,
+                )
+                for _ in calls
+            ]
             calls = torch.cuda.make_graphed_callables(calls, tuple(sample))
         embed, norm = model.model.embed_tokens, model.model.norm
 
@@ -107,16 +126,28 @@ def train(model_path: str, variant: str) -> dict:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         # oxrl's own DeepSpeed config for this run; an RL run drops the bf16 overflow check, an SL run keeps it
-        run = (RLConfig if optimizer_kind == "deepspeed-nocheck" else SLConfig).model_validate({
-            "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"}, "deepspeed": {"zero_stage": 1},
-            "train": {"batch_size": MICRO_BATCH * ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": ACCUM,
-                      "max_grad_norm": 1.0}})
+        run = (RLConfig if optimizer_kind == "deepspeed-nocheck" else SLConfig).model_validate(
+            {
+                "data": {"train": [{"path": "unused.jsonl"}]},
+                "model": {"dtype": "bfloat16"},
+                "deepspeed": {"zero_stage": 1},
+                "train": {
+                    "batch_size": MICRO_BATCH * ACCUM,
+                    "micro_batch_size": MICRO_BATCH,
+                    "grad_accum": ACCUM,
+                    "max_grad_norm": 1.0,
+                },
+            }
+        )
         config = deepspeed_config(trainer_spec(run, ALGORITHMS[run.train.alg]))
         if optimizer_kind == "deepspeed-fp32acc":  # the probe's variable: micro-batch gradients summed in float32
             config["data_types"] = {"grad_accum_dtype": "fp32"}
         engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=list(model.parameters()),
-            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True), config=config)
+            model=model,
+            model_parameters=list(model.parameters()),
+            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6, fused=True),
+            config=config,
+        )
         backward, step = engine.backward, engine.step  # DeepSpeed scales by ACCUM and steps at the boundary
     elif optimizer_kind == "master":  # what DeepSpeed's bf16 does, in plain torch: float32 master weights
         weights = list(model.parameters())
@@ -140,6 +171,7 @@ def train(model_path: str, variant: str) -> dict:
         def step():
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)  # the gradients keep their memory (and addresses) across steps
+
     batches = [torch.randint(0, 151_000, shape, device="cuda") for _ in range(ACCUM)]
     advantages = torch.randn(shape[0], shape[1] - 1, device="cuda")
 
@@ -165,11 +197,16 @@ def train(model_path: str, variant: str) -> dict:
             micro_s.append(statistics.median(intervals[:-1]))
             boundary_s.append(intervals[-1])
     seconds = statistics.median(micro_s)
-    return {"variant": variant, "params": params, "micro_batch_s": seconds, "step_s": statistics.median(step_s),
-            "optimizer_step_s": statistics.median(boundary_s) - seconds,  # the last micro-batch's excess
-            "mfu": 6 * params * MICRO_BATCH * LENGTH / seconds / PEAK_FLOPS,
-            "step_mfu": 6 * params * MICRO_BATCH * LENGTH * ACCUM / statistics.median(step_s) / PEAK_FLOPS,
-            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
+    return {
+        "variant": variant,
+        "params": params,
+        "micro_batch_s": seconds,
+        "step_s": statistics.median(step_s),
+        "optimizer_step_s": statistics.median(boundary_s) - seconds,  # the last micro-batch's excess
+        "mfu": 6 * params * MICRO_BATCH * LENGTH / seconds / PEAK_FLOPS,
+        "step_mfu": 6 * params * MICRO_BATCH * LENGTH * ACCUM / statistics.median(step_s) / PEAK_FLOPS,
+        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
+    }
 
 
 def main() -> None:
@@ -180,9 +217,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("variants", nargs="*", default=["layers/default/torch", "layers/reduce-overhead/torch"],
-                        help="<layers|stack|graphed|packed|packed-graphed>/<default|reduce-overhead|none>/"
-                             "<torch|master|deepspeed|deepspeed-nocheck|deepspeed-fp32acc>")
+    parser.add_argument(
+        "variants",
+        nargs="*",
+        default=["layers/default/torch", "layers/reduce-overhead/torch"],
+        help="<layers|stack|graphed|packed|packed-graphed>/<default|reduce-overhead|none>/"
+        "<torch|master|deepspeed|deepspeed-nocheck|deepspeed-fp32acc>",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out / "qwen2.5-0.5b-shape", QWEN25_SHAPES["0.5b"])

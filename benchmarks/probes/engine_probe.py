@@ -41,7 +41,11 @@ def patch_vllm(variant: str) -> None:
     """`RolloutEngine` builds `vllm.LLM` itself: the variant's settings go in through a subclass put in its place."""
     import vllm
 
-    extra = {"max_num_seqs": 1024, "compilation_config": {"max_cudagraph_capture_size": 1024}} if "graphs1024" in variant else {}
+    extra = (
+        {"max_num_seqs": 1024, "compilation_config": {"max_cudagraph_capture_size": 1024}}
+        if "graphs1024" in variant
+        else {}
+    )
     multiproc = variant.startswith("multiproc")
 
     class LLM(vllm.LLM):
@@ -61,16 +65,20 @@ def child(args) -> None:
     memory = 0.35 if args.variant == "pair" else 0.4
     engine = RolloutEngine(args.model, "bfloat16", PROMPT_TOKENS + NEW_TOKENS, memory, 0, max(BATCHES))
     config = engine.llm.llm_engine.vllm_config
-    settings = {"max_num_seqs": config.scheduler_config.max_num_seqs,
-                "async_scheduling": config.scheduler_config.async_scheduling,
-                "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size,
-                "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}
+    settings = {
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "async_scheduling": config.scheduler_config.async_scheduling,
+        "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size,
+        "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
+    }
     rng = random.Random(0)
     vocab = engine.llm.llm_engine.model_config.get_vocab_size()
     prompts = [[rng.randrange(vocab // 2) for _ in range(PROMPT_TOKENS)] for _ in range(max(BATCHES))]
     warm = min(64, max(BATCHES))
     engine.advance([SampleRequest(i, prompts[i], 16, i, 1.0, 1.0) for i in range(warm)], until_done=True)
-    batches = [max(BATCHES) // 2] if args.variant == "pair" else [max(BATCHES)] if args.variant == "profile" else BATCHES
+    batches = (
+        [max(BATCHES) // 2] if args.variant == "pair" else [max(BATCHES)] if args.variant == "profile" else BATCHES
+    )
     if args.barrier:  # a pair starts generating together
         Path(args.barrier, args.gpu_slot).touch()
         while len(list(Path(args.barrier).iterdir())) < 2:
@@ -93,11 +101,21 @@ def child(args) -> None:
             profile = text.getvalue()
         seconds = time.perf_counter() - start
         tokens = sum(len(c.token_ids) for c in done)
-        results.append({"sequences": count, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                        "advance_calls": calls + 1, "wall_start": wall_start, "wall_end": time.time()})
+        results.append(
+            {
+                "sequences": count,
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+                "advance_calls": calls + 1,
+                "wall_start": wall_start,
+                "wall_end": time.time(),
+            }
+        )
         print(json.dumps(results[-1]), flush=True)
-    Path(args.result).write_text(json.dumps({"variant": args.variant, "settings": settings, "batches": results,
-                                             "profile": profile}))
+    Path(args.result).write_text(
+        json.dumps({"variant": args.variant, "settings": settings, "batches": results, "profile": profile})
+    )
     os._exit(0)  # vLLM's teardown in-process can hang; nothing is left to save
 
 
@@ -105,11 +123,23 @@ def run_child(script: Path, out: Path, model: str, variant: str, gpu: int, slot:
     result = out / f"engine_probe.{variant}{slot}.json"
     log = out / f"engine_probe.{variant}{slot}.log"
     env = os.environ | {"CUDA_VISIBLE_DEVICES": str(gpu)}
-    command = [sys.executable, str(script), "--child", variant, "--model", model, "--result", str(result),
-               "--gpu-slot", slot or "0"] + (["--barrier", barrier] if barrier else [])
+    command = [
+        sys.executable,
+        str(script),
+        "--child",
+        variant,
+        "--model",
+        model,
+        "--result",
+        str(result),
+        "--gpu-slot",
+        slot or "0",
+    ] + (["--barrier", barrier] if barrier else [])
     with log.open("w") as f:
         try:
-            rc = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=CHILD_TIMEOUT_S).returncode
+            rc = subprocess.run(
+                command, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=CHILD_TIMEOUT_S
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     if result.is_file():
@@ -123,8 +153,12 @@ def run_variant(script: Path, out: Path, model: str, variant: str, gpu: int) -> 
     barrier = out / "pair-barrier"
     barrier.mkdir(exist_ok=True)
     halves = [None, None]
-    threads = [threading.Thread(target=lambda i=i: halves.__setitem__(i, run_child(script, out, model, "pair", gpu, str(i),
-                                                                                     str(barrier)))) for i in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: halves.__setitem__(i, run_child(script, out, model, "pair", gpu, str(i), str(barrier)))
+        )
+        for i in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -132,10 +166,23 @@ def run_variant(script: Path, out: Path, model: str, variant: str, gpu: int) -> 
     if any("failed" in h for h in halves):
         return {"variant": "pair", "failed": [h.get("failed") for h in halves], "halves": halves}
     runs = [h["batches"][0] for h in halves]
-    tokens, seconds = sum(r["tokens"] for r in runs), max(r["wall_end"] for r in runs) - min(r["wall_start"] for r in runs)
-    return {"variant": "pair", "settings": halves[0]["settings"], "halves": runs,
-            "batches": [{"sequences": sum(r["sequences"] for r in runs), "tokens": tokens, "seconds": seconds,
-                         "tokens_per_s": tokens / seconds}]}
+    tokens, seconds = (
+        sum(r["tokens"] for r in runs),
+        max(r["wall_end"] for r in runs) - min(r["wall_start"] for r in runs),
+    )
+    return {
+        "variant": "pair",
+        "settings": halves[0]["settings"],
+        "halves": runs,
+        "batches": [
+            {
+                "sequences": sum(r["sequences"] for r in runs),
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+            }
+        ],
+    }
 
 
 def main() -> None:

@@ -37,7 +37,6 @@ from oxrl_core.training import fused_head
 from oxrl_core.training.fused_head import width
 from oxrl_core.training.logprobs import rows_backward, rows_forward
 
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): Hopper-sized tiles, each timed (Triton's autotuner needs a GPU driver,
 # which the interpreter has not)
 CONFIGS = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 4, 4), (128, 128, 64, 4, 4)]
@@ -45,22 +44,45 @@ TINY_CONFIG = (32, 32, 16, 4, 1)
 
 
 @triton.jit
-def _logits_tile(hidden, weight, m, n, rows, columns, size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+def _logits_tile(
+    hidden, weight, m, n, rows, columns, size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """The logits hidden[m] @ weight[n]^T [BLOCK_M, BLOCK_N] in float32, rounded to the inputs' dtype as the separate
     product stores them; hidden [rows, size] and weight [columns, size] row-major."""
     k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, size, BLOCK_K):
-        a = tl.load(hidden + m[:, None] * size + start + k[None, :], mask=(m[:, None] < rows) & (start + k[None, :] < size), other=0.0)
-        b = tl.load(weight + n[None, :] * size + start + k[:, None], mask=(n[None, :] < columns) & (start + k[:, None] < size), other=0.0)
+        a = tl.load(
+            hidden + m[:, None] * size + start + k[None, :],
+            mask=(m[:, None] < rows) & (start + k[None, :] < size),
+            other=0.0,
+        )
+        b = tl.load(
+            weight + n[None, :] * size + start + k[:, None],
+            mask=(n[None, :] < columns) & (start + k[:, None] < size),
+            other=0.0,
+        )
         acc = tl.dot(a, b, acc)
     return acc.to(hidden.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
-def _logits_grad_kernel(hidden, weight, out, targets, lse, grad, rows, columns, size, first_column, inv_temperature,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _logits_grad_kernel(
+    hidden,
+    weight,
+    out,
+    targets,
+    lse,
+    grad,
+    rows,
+    columns,
+    size,
+    first_column,
+    inv_temperature,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """out [rows, columns] = (onehot(target - first_column) - exp(x / T - lse)) * grad / T, x = hidden @ weight^T in the
     weight's dtype; hidden [rows, size], weight [columns, size] (the slice), both row-major."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -70,12 +92,31 @@ def _logits_grad_kernel(hidden, weight, out, targets, lse, grad, rows, columns, 
     scale = tl.load(grad + m, mask=m < rows, other=0.0) * inv_temperature
     onehot = tl.where(n[None, :] + first_column == tl.load(targets + m, mask=m < rows, other=-1)[:, None], 1.0, 0.0)
     g = scale[:, None] * (onehot - tl.exp(x - row_lse[:, None]))
-    tl.store(out + m[:, None] * columns + n[None, :], g.to(out.dtype.element_ty), mask=(m[:, None] < rows) & (n[None, :] < columns))
+    tl.store(
+        out + m[:, None] * columns + n[None, :],
+        g.to(out.dtype.element_ty),
+        mask=(m[:, None] < rows) & (n[None, :] < columns),
+    )
 
 
 @triton.jit
-def _logits_partials_kernel(hidden, weight, targets, picked, tile_max, tile_sum, tile_weighted, rows, vocab, size,
-                            tiles, inv_temperature, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _logits_partials_kernel(
+    hidden,
+    weight,
+    targets,
+    picked,
+    tile_max,
+    tile_sum,
+    tile_weighted,
+    rows,
+    vocab,
+    size,
+    tiles,
+    inv_temperature,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Per row and per vocabulary tile of x = hidden @ weight^T / T (the whole vocabulary, no logits stored): the tile's
     max, sum of exp(x - max) and sum of exp(x - max) x (for the entropy) into [rows, tiles] partials; the target's
     x into picked [rows] from the tile that holds it."""
@@ -83,8 +124,11 @@ def _logits_partials_kernel(hidden, weight, targets, picked, tile_max, tile_sum,
     tile = tl.program_id(1)
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     inside = n[None, :] < vocab
-    x = tl.where(inside, _logits_tile(hidden, weight, m, n, rows, vocab, size, BLOCK_M, BLOCK_N, BLOCK_K) * inv_temperature,
-                 float("-inf"))
+    x = tl.where(
+        inside,
+        _logits_tile(hidden, weight, m, n, rows, vocab, size, BLOCK_M, BLOCK_N, BLOCK_K) * inv_temperature,
+        float("-inf"),
+    )
     row_max = tl.max(x, 1)  # [BLOCK_M]
     p = tl.exp(x - row_max[:, None])  # 0 outside the vocabulary
     live = m < rows
@@ -100,8 +144,12 @@ def forward_today(hidden, weight, targets, temperature) -> tuple[torch.Tensor, t
     """The fused head's forward as fused_head.py runs it: logits [n, V] a chunk of rows at a time, then the row
     kernel. Logprobs and entropies [N]."""
     step = width(len(weight))
-    chunks = [rows_forward(F.linear(hidden[start:start + step], weight)[None], targets[None, start:start + step],
-                           temperature, True) for start in range(0, len(hidden), step)]
+    chunks = [
+        rows_forward(
+            F.linear(hidden[start : start + step], weight)[None], targets[None, start : start + step], temperature, True
+        )
+        for start in range(0, len(hidden), step)
+    ]
     return torch.cat([c[0].flatten() for c in chunks]), torch.cat([c[2].flatten() for c in chunks])
 
 
@@ -113,8 +161,24 @@ def forward_fused(hidden, weight, targets, temperature, config) -> tuple[torch.T
     tile_max, tile_sum, tile_weighted = (torch.empty(rows, tiles, device=hidden.device) for _ in range(3))
     picked = torch.empty(rows, device=hidden.device)
     _logits_partials_kernel[(triton.cdiv(rows, block_m), tiles)](
-        hidden, weight, targets, picked, tile_max, tile_sum, tile_weighted, rows, vocab, hidden.shape[1], tiles,
-        1.0 / temperature, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        hidden,
+        weight,
+        targets,
+        picked,
+        tile_max,
+        tile_sum,
+        tile_weighted,
+        rows,
+        vocab,
+        hidden.shape[1],
+        tiles,
+        1.0 / temperature,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
+        num_stages=stages,
+    )
     row_max = tile_max.amax(1, keepdim=True)  # [N, 1]
     rescale = torch.exp(tile_max - row_max)  # [N, tiles]
     total = (tile_sum * rescale).sum(1)
@@ -126,7 +190,7 @@ def backward_today(hidden, weight, targets, lse, grad, temperature) -> list[torc
     """The backward's first two steps as fused_head.py runs them: each slice's gradient of the logits [N, v]."""
     step, slices = width(len(hidden)), []
     for start in range(0, len(weight), step):
-        g = F.linear(hidden, weight[start:start + step])  # [N, v], then overwritten by its own gradient
+        g = F.linear(hidden, weight[start : start + step])  # [N, v], then overwritten by its own gradient
         # no entropy gradient: the entropies argument goes unread (lse stands in)
         rows_backward(g[None], (targets - start)[None], lse[None], grad[None], temperature, lse[None], None, g[None])
         slices.append(g)
@@ -138,11 +202,26 @@ def backward_fused(hidden, weight, targets, lse, grad, temperature, config) -> l
     block_m, block_n, block_k, warps, stages = config
     step, slices = width(len(hidden)), []
     for start in range(0, len(weight), step):
-        w = weight[start:start + step]
+        w = weight[start : start + step]
         g = torch.empty(len(hidden), len(w), dtype=hidden.dtype, device=hidden.device)
         _logits_grad_kernel[(triton.cdiv(len(hidden), block_m), triton.cdiv(len(w), block_n))](
-            hidden, w, g, targets, lse, grad, len(hidden), len(w), hidden.shape[1], start, 1.0 / temperature,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+            hidden,
+            w,
+            g,
+            targets,
+            lse,
+            grad,
+            len(hidden),
+            len(w),
+            hidden.shape[1],
+            start,
+            1.0 / temperature,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            num_warps=warps,
+            num_stages=stages,
+        )
         slices.append(g)
     return slices
 
@@ -150,7 +229,9 @@ def backward_fused(hidden, weight, targets, lse, grad, temperature, config) -> l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tiny", action="store_true", help="a small float32 case that Triton's interpreter runs on a CPU")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a small float32 case that Triton's interpreter runs on a CPU"
+    )
     args = parser.parse_args()
     device, dtype = ("cpu", torch.float32) if args.tiny else ("cuda", torch.bfloat16)
     if args.tiny:
@@ -164,13 +245,23 @@ def main() -> None:
     temperature = 0.7
     _, lse, _ = rows_forward(F.linear(hidden, weight)[None], targets[None], temperature, False)
     lse = lse[0]
-    results = {"rows": rows, "size": size, "vocab": vocab, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
+    results = {
+        "rows": rows,
+        "size": size,
+        "vocab": vocab,
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+    }
     configs = [TINY_CONFIG] if args.tiny else CONFIGS
     name = lambda direction, c: f"{direction}_fused_epilogue_{'x'.join(map(str, c))}"
     variants = {"forward_today": partial(forward_today, hidden, weight, targets, temperature)}
-    variants |= {name("forward", c): partial(forward_fused, hidden, weight, targets, temperature, config=c) for c in configs}
+    variants |= {
+        name("forward", c): partial(forward_fused, hidden, weight, targets, temperature, config=c) for c in configs
+    }
     variants |= {"backward_today": partial(backward_today, hidden, weight, targets, lse, grad, temperature)}
-    variants |= {name("backward", c): partial(backward_fused, hidden, weight, targets, lse, grad, temperature, config=c) for c in configs}
+    variants |= {
+        name("backward", c): partial(backward_fused, hidden, weight, targets, lse, grad, temperature, config=c)
+        for c in configs
+    }
     outputs = {}
     for variant, fn in variants.items():
         times = []
@@ -191,8 +282,11 @@ def main() -> None:
         for variant in [v for v in outputs if v.startswith(direction)]:
             difference = (outputs.pop(variant) - reference).abs()
             # backward: relative to the largest gradient entry; forward: absolute, [logprobs, entropies]
-            results[f"{variant}_largest_difference"] = (difference.max() / reference.abs().max()).item() \
-                if direction == "backward" else difference.amax(-1).tolist()
+            results[f"{variant}_largest_difference"] = (
+                (difference.max() / reference.abs().max()).item()
+                if direction == "backward"
+                else difference.amax(-1).tolist()
+            )
     print(json.dumps(results))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "head_epilogue_probe.json").write_text(json.dumps(results, indent=2))

@@ -36,16 +36,53 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ["plain", "master", "zero0", "zero1", "zero2", "zero3", "plain+compile", "zero1+compile", "zero3+compile",
-            "zero3+leaf", "zero3+leaf+compile"]
+VARIANTS = [
+    "plain",
+    "master",
+    "zero0",
+    "zero1",
+    "zero2",
+    "zero3",
+    "plain+compile",
+    "zero1+compile",
+    "zero3+compile",
+    "zero3+leaf",
+    "zero3+leaf+compile",
+]
 GRAD_ACCUM, MICRO_BATCH, TOKENS = 8, 2, 16
 # Ops that only make views or read metadata: no kernel on a GPU.
-NO_WORK = {"aten::view", "aten::reshape", "aten::t", "aten::transpose", "aten::narrow", "aten::view_as", "aten::detach",
-           "aten::_has_compatible_shallow_copy_type", "aten::as_strided", "aten::slice", "aten::select", "aten::expand",
-           "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::alias", "aten::_unsafe_view", "aten::lift_fresh",
-           "aten::empty", "aten::empty_like", "aten::result_type", "aten::is_nonzero", "aten::item",
-           "aten::_local_scalar_dense", "aten::contiguous", "aten::numel", "aten::size", "aten::stride",
-           "aten::is_same_size", "aten::to"}
+NO_WORK = {
+    "aten::view",
+    "aten::reshape",
+    "aten::t",
+    "aten::transpose",
+    "aten::narrow",
+    "aten::view_as",
+    "aten::detach",
+    "aten::_has_compatible_shallow_copy_type",
+    "aten::as_strided",
+    "aten::slice",
+    "aten::select",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::permute",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::lift_fresh",
+    "aten::empty",
+    "aten::empty_like",
+    "aten::result_type",
+    "aten::is_nonzero",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::contiguous",
+    "aten::numel",
+    "aten::size",
+    "aten::stride",
+    "aten::is_same_size",
+    "aten::to",
+}
 
 
 def working(event) -> bool:
@@ -60,8 +97,14 @@ def ancestors(event):
 
 def measure(variant: str, profile: bool) -> dict:
     """One variant in this process: host milliseconds and working ops per accumulating micro-batch and per step."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + VARIANTS.index(variant)), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0", DS_ACCELERATOR="cpu")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(29600 + VARIANTS.index(variant)),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        DS_ACCELERATOR="cpu",
+    )
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -74,8 +117,16 @@ def measure(variant: str, profile: bool) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     stage, compiled, leaf = variant.split("+")[0], variant.endswith("+compile"), "+leaf" in variant
-    shape = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=24, num_attention_heads=4,
-                        num_key_value_heads=2, tie_word_embeddings=True, use_cache=False)
+    shape = Qwen2Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=24,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        use_cache=False,
+    )
     ids = torch.randint(0, shape.vocab_size, (MICRO_BATCH, TOKENS))
     if stage == "plain":
         model = Qwen2ForCausalLM(shape).to(torch.bfloat16)
@@ -110,11 +161,19 @@ def measure(variant: str, profile: bool) -> dict:
         import deepspeed
         from transformers.integrations import HfDeepSpeedConfig
 
-        run = SLConfig.model_validate({  # bf16 with DeepSpeed's overflow check, as an SL run has it
-            "data": {"train": [{"path": "unused.jsonl"}]}, "model": {"dtype": "bfloat16"},
-            "deepspeed": {"zero_stage": int(stage[-1])},
-            "train": {"batch_size": MICRO_BATCH * GRAD_ACCUM, "micro_batch_size": MICRO_BATCH, "grad_accum": GRAD_ACCUM,
-                      "max_grad_norm": 1.0}})
+        run = SLConfig.model_validate(
+            {  # bf16 with DeepSpeed's overflow check, as an SL run has it
+                "data": {"train": [{"path": "unused.jsonl"}]},
+                "model": {"dtype": "bfloat16"},
+                "deepspeed": {"zero_stage": int(stage[-1])},
+                "train": {
+                    "batch_size": MICRO_BATCH * GRAD_ACCUM,
+                    "micro_batch_size": MICRO_BATCH,
+                    "grad_accum": GRAD_ACCUM,
+                    "max_grad_norm": 1.0,
+                },
+            }
+        )
         config = deepspeed_config(trainer_spec(run, ALGORITHMS[run.train.alg]))
         deepspeed.init_distributed(dist_backend="gloo")
         keep = HfDeepSpeedConfig(config)  # noqa: F841 (ZeRO-3 builds the model partitioned while it lives)
@@ -125,8 +184,9 @@ def measure(variant: str, profile: bool) -> dict:
             set_z3_leaf_modules(model, [type(model.model.layers[0])])
         if compiled:
             compile_blocks(model, zero3=stage == "zero3")
-        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
-                                          config=config)
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5), config=config
+        )
 
         def micro_batch(i: int) -> None:
             engine.backward(engine(input_ids=ids, labels=ids).loss)
@@ -156,12 +216,17 @@ def measure(variant: str, profile: bool) -> dict:
     step += GRAD_ACCUM
     import torch._dynamo.utils
 
-    result = {"variant": variant, "parameters": sum(1 for _ in model.parameters()),
-              "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
-              "host_ms_per_micro_batch": round(statistics.median(seconds) * 1e3, 2), "working_ops_per_micro_batch": sum(ops.values()),
-              "most_common_ops": ops.most_common(6),
-              "host_ms_per_optimizer_step": round((statistics.median(step_seconds) - statistics.median(seconds)) * 1e3, 2),
-              "working_ops_per_optimizer_step": sum(step_ops.values()), "most_common_step_ops": step_ops.most_common(8)}
+    result = {
+        "variant": variant,
+        "parameters": sum(1 for _ in model.parameters()),
+        "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+        "host_ms_per_micro_batch": round(statistics.median(seconds) * 1e3, 2),
+        "working_ops_per_micro_batch": sum(ops.values()),
+        "most_common_ops": ops.most_common(6),
+        "host_ms_per_optimizer_step": round((statistics.median(step_seconds) - statistics.median(seconds)) * 1e3, 2),
+        "working_ops_per_optimizer_step": sum(step_ops.values()),
+        "most_common_step_ops": step_ops.most_common(8),
+    }
     if profile and stage not in ("plain", "master"):
         import cProfile
         import pstats
@@ -173,15 +238,24 @@ def measure(variant: str, profile: bool) -> dict:
             for i in micro_batches:
                 micro_batch(i)
             profiler.disable()
-            own = sorted(((v[2], f"{k[0].split('deepspeed/')[-1]}:{k[1]} {k[2]}") for k, v in pstats.Stats(profiler).stats.items()
-                          if "site-packages/deepspeed/" in k[0]), reverse=True)
+            own = sorted(
+                (
+                    (v[2], f"{k[0].split('deepspeed/')[-1]}:{k[1]} {k[2]}")
+                    for k, v in pstats.Stats(profiler).stats.items()
+                    if "site-packages/deepspeed/" in k[0]
+                ),
+                reverse=True,
+            )
             per = 1e3 / len(micro_batches)
             return round(sum(s for s, _ in own) * per, 2), [[round(s * per, 3), where] for s, where in own[:8]]
 
-        result["deepspeed_own_ms_per_micro_batch"], result["deepspeed_top"] = deepspeed_own(range(step, step + GRAD_ACCUM - 1))
+        result["deepspeed_own_ms_per_micro_batch"], result["deepspeed_top"] = deepspeed_own(
+            range(step, step + GRAD_ACCUM - 1)
+        )
         # the last micro-batch of an accumulation, which steps the optimizer
         result["deepspeed_own_ms_last_micro_batch"], result["deepspeed_top_last"] = deepspeed_own(
-            range(step + GRAD_ACCUM - 1, step + GRAD_ACCUM))
+            range(step + GRAD_ACCUM - 1, step + GRAD_ACCUM)
+        )
     return result
 
 
@@ -196,8 +270,20 @@ def main() -> None:
         return
     results = []
     for variant in VARIANTS:
-        done = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--variant", variant,
-                               *(["--profile"] if args.profile else [])], capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--out",
+                str(args.out),
+                "--variant",
+                variant,
+                *(["--profile"] if args.profile else []),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
             raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
@@ -206,9 +292,17 @@ def main() -> None:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "host_overhead.json").write_text(json.dumps({
-        "torch": torch.__version__, "deepspeed": importlib.import_module("deepspeed").__version__,
-        "cpu": _cpu_model(), "results": results}, indent=2))
+    (args.out / "host_overhead.json").write_text(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "deepspeed": importlib.import_module("deepspeed").__version__,
+                "cpu": _cpu_model(),
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 def _cpu_model() -> str:

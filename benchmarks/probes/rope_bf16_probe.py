@@ -38,17 +38,27 @@ def main() -> None:
         in_bf16 = 1.0 / (config.rope_parameters["rope_theta"] ** exponents)
         ids = torch.randint(0, config.vocab_size, (1, length))
 
-        def logprobs(inv_freq: torch.Tensor) -> torch.Tensor:  # [length - 1]
+        def logprobs(inv_freq: torch.Tensor, model=model, rope=rope, ids=ids) -> torch.Tensor:  # [length - 1]
             rope.inv_freq = inv_freq
             with torch.no_grad():
                 logits = model(ids).logits.float()
             return torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
 
         gap = (logprobs(in_bf16) - logprobs(in_float32)).abs()
-        print(json.dumps({"shape": name, "seed": args.seed, "layers": 2, "mean_abs_gap": round(gap.mean().item(), 4),
-                          "first_64": round(gap[:64].mean().item(), 4), "last_128": round(gap[-128:].mean().item(), 4),
-                          "inv_freq_max_rel_error": round(((in_bf16 - in_float32).abs() / in_float32).max().item(), 4)}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "shape": name,
+                    "seed": args.seed,
+                    "layers": 2,
+                    "mean_abs_gap": round(gap.mean().item(), 4),
+                    "first_64": round(gap[:64].mean().item(), 4),
+                    "last_128": round(gap[-128:].mean().item(), 4),
+                    "inv_freq_max_rel_error": round(((in_bf16 - in_float32).abs() / in_float32).max().item(), 4),
+                }
+            ),
+            flush=True,
+        )
         del model
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from rl_step import prepare
+from train_phase import loss_args, micro_batches
+from train_step_profile import timed_step
 
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.bundles import free_port
@@ -26,9 +29,6 @@ from oxrl_core.config.schema import RLConfig
 from oxrl_core.resolve.checks import trainer_spec
 from oxrl_core.resolve.run import resolve_run
 from oxrl_core.training.engine import TrainEngine
-from rl_step import prepare
-from train_phase import loss_args, micro_batches
-from train_step_profile import timed_step
 
 OVERRIDES = ["deepspeed.zero_stage=3", "model.compile=true"]
 
@@ -48,25 +48,52 @@ def main() -> None:
             prepare(args.out / "work", steps=1, shape="0.5b", gpus=2)
         resolve_run("rl", config_path, OVERRIDES)  # checked with both GPUs in sight
         port = free_port()
-        children = [subprocess.Popen([sys.executable, __file__, str(args.out), "--recompile-limit", str(args.recompile_limit),
-                                      "--sequences", str(args.sequences), "--rank", str(rank), "--port", str(port)],
-                                     env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank), "TORCH_LOGS": "recompiles"},
-                                     stdout=open(args.out / f"child{rank}.txt", "w"), stderr=subprocess.STDOUT)
-                    for rank in range(2)]
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    str(args.out),
+                    "--recompile-limit",
+                    str(args.recompile_limit),
+                    "--sequences",
+                    str(args.sequences),
+                    "--rank",
+                    str(rank),
+                    "--port",
+                    str(port),
+                ],
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank), "TORCH_LOGS": "recompiles"},
+                stdout=open(args.out / f"child{rank}.txt", "w"),
+                stderr=subprocess.STDOUT,
+            )
+            for rank in range(2)
+        ]
         sys.exit(max(child.wait() for child in children))
     torch._dynamo.config.recompile_limit = args.recompile_limit
     config = load_config(RLConfig, config_path, OVERRIDES)
-    engine = TrainEngine(trainer_spec(config, ALGORITHMS[config.train.alg]), config.model.name_or_path, args.rank, 2,
-                         ("127.0.0.1", args.port), args.out / "logs")
+    engine = TrainEngine(
+        trainer_spec(config, ALGORITHMS[config.train.alg]),
+        config.model.name_or_path,
+        args.rank,
+        2,
+        ("127.0.0.1", args.port),
+        args.out / "logs",
+    )
     # each rank makes both ranks' micro-batches (the same seeded ones) and trains its own; the loss's normalisers count
     # them all
     per_rank = micro_batches(config, args.sequences)
-    batches, loss = per_rank[args.rank], loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches])
+    batches, loss = (
+        per_rank[args.rank],
+        loss_args(config, [batch for rank_batches in per_rank for batch in rank_batches]),
+    )
     report = open(args.out / f"report{args.rank}.txt", "w")
     for step in range(3):
         logprobs_s, train_s = timed_step(engine, batches, loss)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        print(f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s graphs {graphs}", file=report, flush=True)
+        print(
+            f"step {step}: logprobs {logprobs_s:.3f} s train {train_s:.3f} s graphs {graphs}", file=report, flush=True
+        )
     os._exit(0)  # not the interpreter's exit: DeepSpeed's process group may hang it
 
 

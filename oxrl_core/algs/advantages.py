@@ -143,6 +143,9 @@ def reinforce_pp_baseline(batches: list[Batch], settings) -> None:
 
 
 ESTIMATORS: dict[str, Callable[[list[Batch], object], None]] = {  # the names of `base.Estimator`
-    "group": group_relative, "leave-one-out": rloo, "reinforce++": reinforce_pp,
-    "reinforce++-baseline": reinforce_pp_baseline, "gae": gae_advantages,
+    "group": group_relative,
+    "leave-one-out": rloo,
+    "reinforce++": reinforce_pp,
+    "reinforce++-baseline": reinforce_pp_baseline,
+    "gae": gae_advantages,
 }

@@ -6,6 +6,7 @@ summing this over micro-batches gives the loss of the whole batch at once.
 """
 
 from dataclasses import dataclass
+
 import torch
 
 from oxrl_core.algs.base import GlobalBatch, LossArgs
@@ -33,7 +34,8 @@ def aggregate(
 def clipped_surrogate(
     ratio: torch.Tensor,  # [B, T-1] per token, or [B, 1] per sequence: pi / pi_old
     advantages: torch.Tensor,  # broadcasts against ratio: [B, 1] per sequence or [B, T-1] per token
-    clip_low: float, clip_high: float,
+    clip_low: float,
+    clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's pessimistic objective as a loss, -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) (Schulman et al.
     2017, arXiv 1707.06347), and 1.0 where the ratio left the clip range."""
@@ -61,5 +63,11 @@ class PolicyLossArgs(LossArgs):
     @staticmethod
     def common(settings, batch: GlobalBatch) -> dict:
         """These fields from the algorithm's settings and the step's batch."""
-        return dict(clip_low=settings.clip_low, clip_high=settings.clip_high, loss_agg=settings.loss_agg, num_tokens=batch.tokens(),
-                    num_seqs=batch.sequences(), max_tokens=batch.max_tokens)
+        return dict(
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
+            loss_agg=settings.loss_agg,
+            num_tokens=batch.tokens(),
+            num_seqs=batch.sequences(),
+            max_tokens=batch.max_tokens,
+        )

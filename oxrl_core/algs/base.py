@@ -3,8 +3,8 @@
 A loss adapter (`Algorithm.loss`) reads the model's outputs (`logprobs`, and for PPO `values` and `entropy`, all
 [B, T-1]; KD's `logits` and `teacher_logits` [B, T-1, V]; a reward model's `scores` [B]) and the micro-batch, and
 calls the algorithm's pure loss function with its typed arguments (`Algorithm.args`: hyper-parameters from its
-settings, the config's `train.<alg>` block (`settings.py`), and the global batch's normalisers). Pair algorithms see one micro-batch of N pairs as 2N
-rows: the chosen sides first, then the rejected sides in the same order.
+settings, the config's `train.<alg>` block (`settings.py`), and the global batch's normalisers). Pair algorithms
+see one micro-batch of N pairs as 2N rows: the chosen sides first, then the rejected sides in the same order.
 """
 
 from collections.abc import Callable
@@ -119,8 +119,11 @@ class Algorithm:
 
     def reference_model(self, settings: Settings) -> bool:
         """Whether a frozen copy of the starting model runs beside the policy at every step."""
-        return (self.reference == "model" or (self.reference == "configurable" and settings.reference == "model")
-                or (self.reference == "kl" and settings.kl_coeff > 0))
+        return (
+            self.reference == "model"
+            or (self.reference == "configurable" and settings.reference == "model")
+            or (self.reference == "kl" and settings.kl_coeff > 0)
+        )
 
     def precomputed_reference(self, settings: Settings) -> bool:
         """Whether reference logprobs are computed once, before training, by the starting weights."""
@@ -149,5 +152,7 @@ def check_iterations(config) -> None:
     """RFT and SPIN train `train.steps` split evenly over their `iterations`."""
     train = config.train
     if train.steps % train.settings.iterations:
-        raise OxrlError(f"train.steps={train.steps}: must be a multiple of train.{train.alg}.iterations "
-                        f"({train.settings.iterations}); each iteration trains as many steps")
+        raise OxrlError(
+            f"train.steps={train.steps}: must be a multiple of train.{train.alg}.iterations "
+            f"({train.settings.iterations}); each iteration trains as many steps"
+        )

@@ -19,8 +19,13 @@ def cispo_loss(
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    *, clip_low: float, clip_high: float, loss_agg: LossAgg,
-    num_tokens: float, num_seqs: float, max_tokens: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: LossAgg,
+    num_tokens: float,
+    num_seqs: float,
+    max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)
     weight = ratio.clamp(1 - clip_low, 1 + clip_high).detach()
@@ -31,8 +36,14 @@ def cispo_loss(
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult:
-    return cispo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                      batch["is_weights"], **asdict(args))
+    return cispo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        **asdict(args),
+    )
 
 
 class CISPOSettings(PolicyGradient, GroupScaling, Aggregation, Clip):
@@ -43,4 +54,6 @@ def make_args(settings: CISPOSettings, batch: GlobalBatch) -> PolicyLossArgs:
     return PolicyLossArgs(**PolicyLossArgs.common(settings, batch))
 
 
-ALGORITHM = Algorithm("cispo", "rl", "prompts", batch_loss, make_args, per_token_means, CISPOSettings, advantages="group", episodes=True)
+ALGORITHM = Algorithm(
+    "cispo", "rl", "prompts", batch_loss, make_args, per_token_means, CISPOSettings, advantages="group", episodes=True
+)

@@ -24,15 +24,20 @@ def importance_weights(
     old_logprobs: torch.Tensor,  # [B, T-1] the trainer's, before the update
     sampler_logprobs: torch.Tensor,  # [B, T-1] vLLM's, of the same tokens
     mask: torch.Tensor,  # [B, T-1] response tokens
-    mode: Correction, cap: float, floor: float,
+    mode: Correction,
+    cap: float,
+    floor: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The weights [B, T-1] (1 off the response and with mode `none`) and, summed over the response tokens, the gap
     whatever the mode (|log p_old - log q| and Schulman's k3 estimate of KL(q || p_old)), the largest raw weight and
     how many tokens were truncated or masked."""
     on = mask > 0
     log_w_token = (old_logprobs - sampler_logprobs) * mask  # [B, T-1]
-    gap = {"gap_abs_sum": log_w_token[on].abs().sum().item(), "tokens": on.sum().item(),
-           "gap_kl_sum": (torch.exp(log_w_token) - log_w_token - 1)[on].sum().item()}
+    gap = {
+        "gap_abs_sum": log_w_token[on].abs().sum().item(),
+        "tokens": on.sum().item(),
+        "gap_kl_sum": (torch.exp(log_w_token) - log_w_token - 1)[on].sum().item(),
+    }
     log_w = log_w_token
     if mode.startswith("sequence"):
         log_w = log_w.sum(-1, keepdim=True).expand_as(mask)  # [B, T-1], each row its sample's weight
@@ -44,5 +49,7 @@ def importance_weights(
         weights = raw.masked_fill(outside, 0.0)
     else:
         weights, outside = torch.ones_like(raw), torch.zeros_like(outside)
-    return weights * on + ~on, gap | {"is_ratio_max": raw[on].max().item() if on.any() else 1.0,
-                                      "is_corrected_tokens": outside[on].sum().item()}
+    return weights * on + ~on, gap | {
+        "is_ratio_max": raw[on].max().item() if on.any() else 1.0,
+        "is_corrected_tokens": outside[on].sum().item(),
+    }

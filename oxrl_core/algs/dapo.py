@@ -24,7 +24,10 @@ def dapo_loss(
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    *, clip_low: float, clip_high: float, num_tokens: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    num_tokens: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_high)  # [B, T-1] each
@@ -39,22 +42,41 @@ class DAPOArgs(LossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: DAPOArgs) -> LossResult:
-    return dapo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                     batch["is_weights"], **asdict(args))
+    return dapo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        **asdict(args),
+    )
 
 
 class DAPOSettings(PolicyGradient, GroupScaling, Clip):
     """DAPO has no KL term."""
 
     fixed = {"loss_agg": "DAPO's loss is token-level by definition"}
-    max_sampling_rounds: PositiveInt = Field(4, description="Dynamic sampling: generation rounds a step may take to fill "
-                                                            "its batch with prompt groups whose rewards differ; a step "
-                                                            "still short after them stops the run.")
+    max_sampling_rounds: PositiveInt = Field(
+        4,
+        description="Dynamic sampling: generation rounds a step may take to fill "
+        "its batch with prompt groups whose rewards differ; a step "
+        "still short after them stops the run.",
+    )
 
 
 def make_args(settings: DAPOSettings, batch: GlobalBatch) -> DAPOArgs:
     return DAPOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_tokens=batch.tokens())
 
 
-ALGORITHM = Algorithm("dapo", "rl", "prompts", batch_loss, make_args, per_token_means, DAPOSettings, advantages="group", episodes=True,
-                      dynamic_sampling=True)
+ALGORITHM = Algorithm(
+    "dapo",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    DAPOSettings,
+    advantages="group",
+    episodes=True,
+    dynamic_sampling=True,
+)

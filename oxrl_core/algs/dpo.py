@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import torch
-from pydantic import Field
 import torch.nn.functional as F
+from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, reference_pair_loss
 from oxrl_core.algs.pairs import pair_means, pair_metrics
@@ -28,7 +28,10 @@ def dpo_loss(
     ref_rejected_logps: torch.Tensor,  # [N]
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
-    *, beta: float, label_smoothing: float, num_pairs: float,
+    *,
+    beta: float,
+    label_smoothing: float,
+    num_pairs: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold
@@ -54,7 +57,8 @@ class DPOLossSettings(PreferenceBeta):
     """What DPO's loss takes: Online DPO's settings; DPO's and SPIN's add theirs."""
 
     label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = Field(
-        0.0, description="Assumed share of flipped preference labels (conservative DPO).")
+        0.0, description="Assumed share of flipped preference labels (conservative DPO)."
+    )
 
 
 class DPOSettings(ReferenceChoice, DPOLossSettings):

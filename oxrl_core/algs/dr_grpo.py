@@ -19,10 +19,14 @@ from oxrl_core.algs.settings import Clip, KLPenalty, LossAgg, PolicyGradient
 
 
 class DrGRPOSettings(PolicyGradient, KLPenalty, Clip):
-    fixed = {"adv_std_norm": "Dr. GRPO does not scale advantages (none); --alg sgrpo chooses it",
-             "loss_agg": "Dr. GRPO divides each sample's token sum by rollout.max_tokens (seq-mean-token-sum-norm); "
-                         "--alg sgrpo chooses it"}
-    clip_high: Annotated[float, Field(ge=0)] = Field(0.2, description="Upper clip of the importance ratio: 1 + clip_high.")
+    fixed = {
+        "adv_std_norm": "Dr. GRPO does not scale advantages (none); --alg sgrpo chooses it",
+        "loss_agg": "Dr. GRPO divides each sample's token sum by rollout.max_tokens (seq-mean-token-sum-norm); "
+        "--alg sgrpo chooses it",
+    }
+    clip_high: Annotated[float, Field(ge=0)] = Field(
+        0.2, description="Upper clip of the importance ratio: 1 + clip_high."
+    )
 
     @property
     def adv_std_norm(self) -> str:
@@ -33,5 +37,15 @@ class DrGRPOSettings(PolicyGradient, KLPenalty, Clip):
         return "seq-mean-token-sum-norm"
 
 
-ALGORITHM = Algorithm("dr-grpo", "rl", "prompts", sgrpo.batch_loss, sgrpo.make_args, per_token_means, DrGRPOSettings, reference="kl",
-                      advantages="group", episodes=True)
+ALGORITHM = Algorithm(
+    "dr-grpo",
+    "rl",
+    "prompts",
+    sgrpo.batch_loss,
+    sgrpo.make_args,
+    per_token_means,
+    DrGRPOSettings,
+    reference="kl",
+    advantages="group",
+    episodes=True,
+)

@@ -27,7 +27,10 @@ def grpo_loss(
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
-    *, clip_low: float, kl_coeff: float, num_seqs: float,
+    *,
+    clip_low: float,
+    kl_coeff: float,
+    num_seqs: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_low)  # [B, T-1] each
@@ -49,20 +52,40 @@ class GRPOArgs(LossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: GRPOArgs) -> LossResult:
-    return grpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                     batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
+    return grpo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        batch.get("ref_logprobs"),
+        **asdict(args),
+    )
 
 
 class GRPOSettings(PolicyGradient, GroupScaling, KLPenalty):
-    fixed = {"clip_high": "GRPO clips symmetrically at 1 ± clip_low",
-             "loss_agg": "GRPO averages each sample's tokens, then the samples"}
-    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(0.2, description="The clip of the importance ratio, both "
-                                                                           "sides: 1 ± clip_low.")
+    fixed = {
+        "clip_high": "GRPO clips symmetrically at 1 ± clip_low",
+        "loss_agg": "GRPO averages each sample's tokens, then the samples",
+    }
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.2, description="The clip of the importance ratio, both sides: 1 ± clip_low."
+    )
 
 
 def make_args(settings: GRPOSettings, batch: GlobalBatch) -> GRPOArgs:
     return GRPOArgs(clip_low=settings.clip_low, kl_coeff=settings.kl_coeff, num_seqs=batch.sequences())
 
 
-ALGORITHM = Algorithm("grpo", "rl", "prompts", batch_loss, make_args, per_token_means, GRPOSettings, reference="kl", advantages="group",
-                      episodes=True)
+ALGORITHM = Algorithm(
+    "grpo",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    GRPOSettings,
+    reference="kl",
+    advantages="group",
+    episodes=True,
+)

@@ -28,13 +28,19 @@ def gspo_loss(
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    *, clip_low: float, clip_high: float, num_seqs: float, token_gradients: bool,
+    *,
+    clip_low: float,
+    clip_high: float,
+    num_seqs: float,
+    token_gradients: bool,
 ) -> LossResult:
     lengths = mask.sum(-1).clamp(min=1)  # [B]
     log_s = (((logprobs - old_logprobs) * mask).sum(-1) / lengths)[:, None]  # [B, 1] mean log ratio of each sample
     if token_gradients:  # GSPO-token: the value of s_i, each token's own gradient
         log_s = log_s.detach() + logprobs - logprobs.detach()  # [B, T-1]
-    per_token, clipped = clipped_surrogate(torch.exp(log_s), advantages[:, None], clip_low, clip_high)  # [B, 1] or [B, T-1]
+    per_token, clipped = clipped_surrogate(
+        torch.exp(log_s), advantages[:, None], clip_low, clip_high
+    )  # [B, 1] or [B, T-1]
     per_sample = (per_token * is_weights * mask).sum(-1) / lengths  # [B]
     return per_sample.sum() / num_seqs, {"clip_frac_sum": (clipped * mask).sum()}
 
@@ -48,21 +54,34 @@ class GSPOArgs(LossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: GSPOArgs) -> LossResult:
-    return gspo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                     batch["is_weights"], **asdict(args))
+    return gspo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        **asdict(args),
+    )
 
 
 class GSPOSettings(PolicyGradient, GroupScaling, Clip):
     """GSPO has no KL term; its clip acts on a sample's ratio, much nearer 1 than a token's."""
 
     fixed = {"loss_agg": "GSPO's loss is a mean over samples by definition"}
-    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(3e-4, description="Lower clip of the sample's ratio: 1 - clip_low.")
-    clip_high: Annotated[float, Field(ge=0)] = Field(4e-4, description="Upper clip of the sample's ratio: 1 + clip_high.")
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(
+        3e-4, description="Lower clip of the sample's ratio: 1 - clip_low."
+    )
+    clip_high: Annotated[float, Field(ge=0)] = Field(
+        4e-4, description="Upper clip of the sample's ratio: 1 + clip_high."
+    )
 
 
 def make_args(settings: GSPOSettings, batch: GlobalBatch) -> GSPOArgs:
-    return GSPOArgs(clip_low=settings.clip_low, clip_high=settings.clip_high, num_seqs=batch.sequences(),
-                    token_gradients=False)
+    return GSPOArgs(
+        clip_low=settings.clip_low, clip_high=settings.clip_high, num_seqs=batch.sequences(), token_gradients=False
+    )
 
 
-ALGORITHM = Algorithm("gspo", "rl", "prompts", batch_loss, make_args, per_token_means, GSPOSettings, advantages="group", episodes=True)
+ALGORITHM = Algorithm(
+    "gspo", "rl", "prompts", batch_loss, make_args, per_token_means, GSPOSettings, advantages="group", episodes=True
+)

@@ -15,5 +15,14 @@ def make_args(settings: gspo.GSPOSettings, batch: GlobalBatch) -> gspo.GSPOArgs:
     return replace(gspo.make_args(settings, batch), token_gradients=True)
 
 
-ALGORITHM = Algorithm("gspo-token", "rl", "prompts", gspo.batch_loss, make_args, per_token_means, gspo.GSPOSettings, advantages="group",
-                      episodes=True)
+ALGORITHM = Algorithm(
+    "gspo-token",
+    "rl",
+    "prompts",
+    gspo.batch_loss,
+    make_args,
+    per_token_means,
+    gspo.GSPOSettings,
+    advantages="group",
+    episodes=True,
+)

@@ -26,7 +26,9 @@ def ipo_loss(
     ref_rejected_logps: torch.Tensor,  # [N]
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
-    *, beta: float, num_pairs: float,
+    *,
+    beta: float,
+    num_pairs: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold

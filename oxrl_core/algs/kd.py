@@ -25,7 +25,10 @@ def kd_loss(
     kl: torch.Tensor,  # [B, T-1] KL(teacher || student) at temperature T, prediction-aligned
     logprobs: torch.Tensor,  # [B, T-1] student log p of the data's next token, temperature 1
     response_mask: torch.Tensor,  # [B, T-1] 1 where the target token is a response token
-    *, alpha: float, temperature: float, num_tokens: float,
+    *,
+    alpha: float,
+    temperature: float,
+    num_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     on_response = response_mask > 0  # [B, T-1]
     # torch.where rather than a product: masked positions get exactly zero gradient, whatever they hold
@@ -54,11 +57,15 @@ def kd_means(sums: dict[str, float]) -> dict[str, float]:
 
 
 class KDSettings(Settings):
-    teacher: str | None = Field(None, description="The teacher model (local folder or Hub id); its tokenizer must be "
-                                                  "the student's.")
-    alpha: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="Weight of the data's cross-entropy; the "
-                                                                        "teacher's KL gets 1 - alpha.")
-    temperature: PositiveFloat = Field(2.0, description="Softmax temperature of both teacher and student in the KL term.")
+    teacher: str | None = Field(
+        None, description="The teacher model (local folder or Hub id); its tokenizer must be the student's."
+    )
+    alpha: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.5, description="Weight of the data's cross-entropy; the teacher's KL gets 1 - alpha."
+    )
+    temperature: PositiveFloat = Field(
+        2.0, description="Softmax temperature of both teacher and student in the KL term."
+    )
 
 
 def make_args(settings: KDSettings, batch: GlobalBatch) -> KDArgs:

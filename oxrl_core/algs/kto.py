@@ -23,7 +23,12 @@ def kto_loss(
     ref_logps: torch.Tensor,  # [N] the same sum under the frozen reference
     lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     desirable: torch.Tensor,  # [N] 1.0 for a desirable example, 0.0 for an undesirable one
-    *, kl_baseline: float, beta: float, desirable_weight: float, undesirable_weight: float, num_examples: float,
+    *,
+    kl_baseline: float,
+    beta: float,
+    desirable_weight: float,
+    undesirable_weight: float,
+    num_examples: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = lengths > 0  # [N]
     is_desirable = valid & (desirable > 0)  # [N]
@@ -70,7 +75,11 @@ def kto_means(sums: dict[str, float]) -> dict[str, float]:
     """The mean implicit reward of each kind, and their margin (TRL's names)."""
     desirable = sums["reward_desirable_sum"] / max(sums["desirable"], 1.0)
     undesirable = sums["reward_undesirable_sum"] / max(sums["undesirable"], 1.0)
-    return {"rewards/desirable": desirable, "rewards/undesirable": undesirable, "rewards/margins": desirable - undesirable}
+    return {
+        "rewards/desirable": desirable,
+        "rewards/undesirable": undesirable,
+        "rewards/margins": desirable - undesirable,
+    }
 
 
 class KTOSettings(ReferenceChoice, PreferenceBeta):
@@ -79,9 +88,23 @@ class KTOSettings(ReferenceChoice, PreferenceBeta):
 
 
 def make_args(settings: KTOSettings, batch: GlobalBatch) -> KTOArgs:
-    return KTOArgs(kl_baseline=batch.kl_baseline, beta=settings.beta, desirable_weight=settings.desirable_weight,
-                   undesirable_weight=settings.undesirable_weight, num_examples=batch.sequences_with_tokens())
+    return KTOArgs(
+        kl_baseline=batch.kl_baseline,
+        beta=settings.beta,
+        desirable_weight=settings.desirable_weight,
+        undesirable_weight=settings.undesirable_weight,
+        num_examples=batch.sequences_with_tokens(),
+    )
 
 
-ALGORITHM = Algorithm("kto", "sl", "unpaired", batch_loss, make_args, kto_means, KTOSettings, reference="configurable",
-                      kl_baseline=kl_baseline)
+ALGORITHM = Algorithm(
+    "kto",
+    "sl",
+    "unpaired",
+    batch_loss,
+    make_args,
+    kto_means,
+    KTOSettings,
+    reference="configurable",
+    kl_baseline=kl_baseline,
+)

@@ -13,9 +13,21 @@ from oxrl_core.errors import OxrlError
 
 def check(config) -> None:
     if config.rollout.n_samples < 2:
-        raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: Online DPO pairs the best and the worst of at "
-                        f"least 2 samples per prompt")
+        raise OxrlError(
+            f"rollout.n_samples={config.rollout.n_samples}: Online DPO pairs the best and the worst of at "
+            f"least 2 samples per prompt"
+        )
 
 
-ALGORITHM = Algorithm("online-dpo", "sl", "prompts", dpo.batch_loss, dpo.make_args, pair_means, dpo.DPOLossSettings, reference="model",
-                      self_play="best-over-worst", check=check)
+ALGORITHM = Algorithm(
+    "online-dpo",
+    "sl",
+    "prompts",
+    dpo.batch_loss,
+    dpo.make_args,
+    pair_means,
+    dpo.DPOLossSettings,
+    reference="model",
+    self_play="best-over-worst",
+    check=check,
+)

@@ -23,7 +23,10 @@ def orpo_loss(
     rejected_logps: torch.Tensor,  # [N]
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
-    *, lam: float, num_pairs: float, num_chosen_tokens: float,
+    *,
+    lam: float,
+    num_pairs: float,
+    num_chosen_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # filler rows take m = -1, an arbitrary finite stand-in; torch.where gives them exactly zero gradient

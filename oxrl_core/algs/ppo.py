@@ -11,8 +11,7 @@ from pydantic import Field
 
 from oxrl_core.algs.aggregate import LossAgg, PolicyLossArgs, aggregate, clipped_surrogate, per_token_means
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult
-from oxrl_core.algs.settings import (Aggregation, Clip, Discount, KLPenalty, PolicyGradient, PositiveFloat,
-                                     Whitening)
+from oxrl_core.algs.settings import Aggregation, Clip, Discount, KLPenalty, PolicyGradient, PositiveFloat, Whitening
 
 
 def ppo_loss(
@@ -25,8 +24,16 @@ def ppo_loss(
     old_values: torch.Tensor,  # [B, T-1] critic when the advantages were computed
     returns: torch.Tensor,  # [B, T-1] GAE returns (A + V_old)
     entropy: torch.Tensor,  # [B, T-1] policy entropy at each position
-    *, clip_low: float, clip_high: float, value_clip: float, vf_coeff: float, entropy_coeff: float,
-    loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_tokens: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    value_clip: float,
+    vf_coeff: float,
+    entropy_coeff: float,
+    loss_agg: LossAgg,
+    num_tokens: float,
+    num_seqs: float,
+    max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     policy, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
@@ -53,8 +60,18 @@ class PPOArgs(PolicyLossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: PPOArgs) -> LossResult:
-    return ppo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                    batch["is_weights"], outputs["values"].float(), batch["old_values"], batch["returns"], outputs["entropy"], **asdict(args))
+    return ppo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        outputs["values"].float(),
+        batch["old_values"],
+        batch["returns"],
+        outputs["entropy"],
+        **asdict(args),
+    )
 
 
 class PPOSettings(PolicyGradient, Discount, Whitening, Aggregation, KLPenalty, Clip):
@@ -62,16 +79,31 @@ class PPOSettings(PolicyGradient, Discount, Whitening, Aggregation, KLPenalty, C
 
     lam: Annotated[float, Field(ge=0, le=1)] = Field(0.95, description="GAE lambda (bias-variance trade-off).")
     vf_coeff: Annotated[float, Field(ge=0)] = Field(0.1, description="Weight of the value loss.")
-    value_clip: PositiveFloat = Field(0.2, description="New values stay within this distance of the old ones in the "
-                                                       "clipped value loss.")
+    value_clip: PositiveFloat = Field(
+        0.2, description="New values stay within this distance of the old ones in the clipped value loss."
+    )
     entropy_coeff: Annotated[float, Field(ge=0)] = Field(0.0, description="Weight of the entropy bonus.")
 
 
 def make_args(settings: PPOSettings, batch: GlobalBatch) -> PPOArgs:
-    return PPOArgs(value_clip=settings.value_clip, vf_coeff=settings.vf_coeff, entropy_coeff=settings.entropy_coeff,
-                   **PolicyLossArgs.common(settings, batch))
+    return PPOArgs(
+        value_clip=settings.value_clip,
+        vf_coeff=settings.vf_coeff,
+        entropy_coeff=settings.entropy_coeff,
+        **PolicyLossArgs.common(settings, batch),
+    )
 
 
 # Episodes: PPO's per-token advantages across environment turns are not built.
-ALGORITHM = Algorithm("ppo", "rl", "prompts", batch_loss, make_args, per_token_means, PPOSettings, reference="kl", critic=True,
-                      advantages="gae")
+ALGORITHM = Algorithm(
+    "ppo",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    PPOSettings,
+    reference="kl",
+    critic=True,
+    advantages="gae",
+)

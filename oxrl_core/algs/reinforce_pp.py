@@ -27,7 +27,13 @@ def reinforce_pp_loss(
     advantages: torch.Tensor,  # [B, T-1] one per token
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
-    *, clip_low: float, clip_high: float, loss_agg: LossAgg, num_tokens: float, num_seqs: float, max_tokens: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: LossAgg,
+    num_tokens: float,
+    num_seqs: float,
+    max_tokens: float,
 ) -> LossResult:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B, T-1] each
@@ -36,15 +42,22 @@ def reinforce_pp_loss(
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: PolicyLossArgs) -> LossResult:
-    return reinforce_pp_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                             batch["is_weights"], **asdict(args))
+    return reinforce_pp_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        **asdict(args),
+    )
 
 
 class ReinforcePPSettings(PolicyGradient, Discount, Whitening, Aggregation, KLPenalty, Clip):
     """The KL to the reference is a per-token penalty in the reward."""
 
-    clip_high: Annotated[float, Field(ge=0)] = Field(0.2, description="Upper clip of the importance ratio: 1 + "
-                                                                      "clip_high (OpenRLHF's symmetric clip).")
+    clip_high: Annotated[float, Field(ge=0)] = Field(
+        0.2, description="Upper clip of the importance ratio: 1 + clip_high (OpenRLHF's symmetric clip)."
+    )
 
 
 def make_args(settings: ReinforcePPSettings, batch: GlobalBatch) -> PolicyLossArgs:
@@ -52,5 +65,14 @@ def make_args(settings: ReinforcePPSettings, batch: GlobalBatch) -> PolicyLossAr
 
 
 # Episodes: a token's return across environment turns would credit the environment's tokens; not built.
-ALGORITHM = Algorithm("reinforce++", "rl", "prompts", batch_loss, make_args, per_token_means, ReinforcePPSettings, reference="kl",
-                      advantages="reinforce++")
+ALGORITHM = Algorithm(
+    "reinforce++",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    ReinforcePPSettings,
+    reference="kl",
+    advantages="reinforce++",
+)

@@ -7,5 +7,14 @@ from oxrl_core.algs import reinforce_pp
 from oxrl_core.algs.aggregate import per_token_means
 from oxrl_core.algs.base import Algorithm
 
-ALGORITHM = Algorithm("reinforce++-baseline", "rl", "prompts", reinforce_pp.batch_loss, reinforce_pp.make_args,
-                      per_token_means, reinforce_pp.ReinforcePPSettings, reference="kl", advantages="reinforce++-baseline")
+ALGORITHM = Algorithm(
+    "reinforce++-baseline",
+    "rl",
+    "prompts",
+    reinforce_pp.batch_loss,
+    reinforce_pp.make_args,
+    per_token_means,
+    reinforce_pp.ReinforcePPSettings,
+    reference="kl",
+    advantages="reinforce++-baseline",
+)

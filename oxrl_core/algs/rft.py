@@ -5,15 +5,26 @@ Each of its `iterations` rounds samples `rollout.n_samples` answers per prompt f
 round's start, keeps the distinct ones whose reward reaches its `threshold`, and trains on them with SFT's loss.
 """
 
-from oxrl_core.algs import sft
 from pydantic import Field
 
+from oxrl_core.algs import sft
 from oxrl_core.algs.base import Algorithm, check_iterations
 from oxrl_core.algs.settings import Iterations
+
 
 class RFTSettings(Iterations):
     threshold: float = Field(1.0, description="Keep sampled completions whose reward is at least this.")
 
 
-ALGORITHM = Algorithm("rft", "sl", "prompts", sft.batch_loss, sft.make_args, sft.nll_means, RFTSettings, self_play="passing", per_iteration=True,
-                      check=check_iterations)
+ALGORITHM = Algorithm(
+    "rft",
+    "sl",
+    "prompts",
+    sft.batch_loss,
+    sft.make_args,
+    sft.nll_means,
+    RFTSettings,
+    self_play="passing",
+    per_iteration=True,
+    check=check_iterations,
+)

@@ -28,7 +28,10 @@ def rloo_loss(
     advantages: torch.Tensor,  # [B] one per sequence
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sequence-level correction (each row one value), 1 when off
-    *, clip_low: float, clip_high: float, num_seqs: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    num_seqs: float,
 ) -> LossResult:
     ratio = torch.exp(((logprobs - old_logprobs) * mask).sum(-1))  # [B] the sample's ratio
     per_sample, clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)  # [B] each
@@ -43,20 +46,30 @@ class RLOOArgs(LossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: RLOOArgs) -> LossResult:
-    return rloo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                     batch["is_weights"], **asdict(args))
+    return rloo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        **asdict(args),
+    )
 
 
 class RLOOSettings(Correction, KLPenalty, Clip):
     """The KL to the reference comes off each sample's reward; the correction weighs the sample as a whole."""
 
     fixed = {"loss_agg": "RLOO's loss is a mean over samples by definition"}
-    clip_high: Annotated[float, Field(ge=0)] = Field(0.2, description="Upper clip of the sample's ratio: 1 + clip_high.")
+    clip_high: Annotated[float, Field(ge=0)] = Field(
+        0.2, description="Upper clip of the sample's ratio: 1 + clip_high."
+    )
     sampler_correction: Literal["none", "sequence-truncate", "sequence-mask"] = Field(
-        "sequence-truncate", description="Correct for vLLM's probabilities differing from the trainer's: the sample's "
+        "sequence-truncate",
+        description="Correct for vLLM's probabilities differing from the trainer's: the sample's "
         "loss weighted by p_trainer / p_vLLM of the whole sample, truncated at `correction_cap` (sequence-truncate) "
         "or left out outside [correction_floor, correction_cap] (sequence-mask). RLOO's ratio is the sample's, so "
-        "is its correction: the token-level ones do not apply.")
+        "is its correction: the token-level ones do not apply.",
+    )
 
 
 def make_args(settings: RLOOSettings, batch: GlobalBatch) -> RLOOArgs:
@@ -65,9 +78,22 @@ def make_args(settings: RLOOSettings, batch: GlobalBatch) -> RLOOArgs:
 
 def check(config) -> None:
     if config.rollout.n_samples < 2:
-        raise OxrlError(f"rollout.n_samples={config.rollout.n_samples}: RLOO's baseline is the other samples of the "
-                        f"prompt; use 2 or more")
+        raise OxrlError(
+            f"rollout.n_samples={config.rollout.n_samples}: RLOO's baseline is the other samples of the "
+            f"prompt; use 2 or more"
+        )
 
 
-ALGORITHM = Algorithm("rloo", "rl", "prompts", batch_loss, make_args, per_token_means, RLOOSettings, reference="kl",
-                      advantages="leave-one-out", episodes=True, check=check)
+ALGORITHM = Algorithm(
+    "rloo",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    RLOOSettings,
+    reference="kl",
+    advantages="leave-one-out",
+    episodes=True,
+    check=check,
+)

@@ -20,7 +20,8 @@ def rm_loss(
     margin: torch.Tensor,  # [N] required score gap; 0 for plain Bradley-Terry
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
-    *, num_pairs: float,
+    *,
+    num_pairs: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # torch.where rather than a product: filler rows get exactly zero gradient, whatever values they hold

@@ -29,19 +29,27 @@ class Settings(Section):
 
 
 class Clip(Settings):
-    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(0.2, description="Lower clip of the importance ratio: 1 - clip_low.")
-    clip_high: Annotated[float, Field(ge=0)] = Field(0.28, description="Upper clip of the importance ratio: 1 + clip_high.")
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.2, description="Lower clip of the importance ratio: 1 - clip_low."
+    )
+    clip_high: Annotated[float, Field(ge=0)] = Field(
+        0.28, description="Upper clip of the importance ratio: 1 + clip_high."
+    )
 
 
 class KLPenalty(Settings):
     kl_coeff: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="Weight of the KL term to a frozen reference model; 0 loads none.")
+        0.0, description="Weight of the KL term to a frozen reference model; 0 loads none."
+    )
 
 
 class Aggregation(Settings):
-    loss_agg: LossAgg = Field("token-mean", description="How per-token losses become one number: over every response "
-                                                        "token of the batch, per sample then over samples (GRPO's), or "
-                                                        "each sample's sum over `rollout.max_tokens` (Dr. GRPO's).")
+    loss_agg: LossAgg = Field(
+        "token-mean",
+        description="How per-token losses become one number: over every response "
+        "token of the batch, per sample then over samples (GRPO's), or "
+        "each sample's sum over `rollout.max_tokens` (Dr. GRPO's).",
+    )
 
 
 class Discount(Settings):
@@ -49,24 +57,32 @@ class Discount(Settings):
 
 
 class Whitening(Settings):
-    adv_std_norm: AdvantageScaling = Field("group", description="Anything but `none` whitens the per-token advantages "
-                                                                "over every response token of the batch.")
+    adv_std_norm: AdvantageScaling = Field(
+        "group",
+        description="Anything but `none` whitens the per-token advantages over every response token of the batch.",
+    )
 
 
 class GroupScaling(Settings):
-    adv_std_norm: AdvantageScaling = Field("group", description="Divide group-centred rewards by the group's std, the "
-                                                                "batch's, or nothing (Dr. GRPO).")
+    adv_std_norm: AdvantageScaling = Field(
+        "group", description="Divide group-centred rewards by the group's std, the batch's, or nothing (Dr. GRPO)."
+    )
 
 
 class Correction(Settings):
     sampler_correction: SamplerCorrection = Field(
-        "none", description="Weight each token's loss by p_trainer / p_vLLM of its token (token-*) or of its sample "
+        "none",
+        description="Weight each token's loss by p_trainer / p_vLLM of its token (token-*) or of its sample "
         "(sequence-*), truncated at `correction_cap` (*-truncate, TIS) or left out outside [correction_floor, "
         "correction_cap] (*-mask, MIS); every step logs the gap either way. Pipelined and asynchronous runs default "
-        "to token-truncate.")
-    correction_cap: Annotated[float, Field(ge=1)] = Field(2.0, description="Largest importance weight kept (see `sampler_correction`).")
+        "to token-truncate.",
+    )
+    correction_cap: Annotated[float, Field(ge=1)] = Field(
+        2.0, description="Largest importance weight kept (see `sampler_correction`)."
+    )
     correction_floor: Annotated[float, Field(ge=0, le=1)] = Field(
-        0.0, description="Smallest importance weight kept: raised to it (*-truncate) or masked below it (*-mask).")
+        0.0, description="Smallest importance weight kept: raised to it (*-truncate) or masked below it (*-mask)."
+    )
 
 
 class PolicyGradient(Correction):
@@ -74,15 +90,20 @@ class PolicyGradient(Correction):
 
 
 class PreferenceBeta(Settings):
-    beta: PositiveFloat = Field(0.1, description="Inverse temperature of the implicit reward (larger: stay closer to "
-                                                 "the reference).")
+    beta: PositiveFloat = Field(
+        0.1, description="Inverse temperature of the implicit reward (larger: stay closer to the reference)."
+    )
 
 
 class ReferenceChoice(Settings):
     reference: Literal["precomputed", "model"] = Field(
-        "precomputed", description="Reference logprobs computed once by the starting model before training (no second "
-                                   "model in memory), or by a frozen reference model at every step.")
+        "precomputed",
+        description="Reference logprobs computed once by the starting model before training (no second "
+        "model in memory), or by a frozen reference model at every step.",
+    )
 
 
 class Iterations(Settings):
-    iterations: PositiveInt = Field(1, description="Generate-then-train rounds; `train.steps` is split evenly over them.")
+    iterations: PositiveInt = Field(
+        1, description="Generate-then-train rounds; `train.steps` is split evenly over them."
+    )

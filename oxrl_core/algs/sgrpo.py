@@ -22,8 +22,14 @@ def sgrpo_loss(
     mask: torch.Tensor,  # [B, T-1] response tokens
     is_weights: torch.Tensor,  # [B, T-1] sampler-trainer correction (correction.py), 1 when off
     ref_logprobs: torch.Tensor | None,  # [B, T-1] frozen reference, or None when kl_coeff == 0
-    *, clip_low: float, clip_high: float, kl_coeff: float, loss_agg: LossAgg,
-    num_tokens: float, num_seqs: float, max_tokens: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    kl_coeff: float,
+    loss_agg: LossAgg,
+    num_tokens: float,
+    num_seqs: float,
+    max_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T-1]
     per_token, clipped = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_high)  # [B, T-1] each
@@ -44,8 +50,15 @@ class SGRPOArgs(PolicyLossArgs):
 
 
 def batch_loss(outputs: Batch, batch: Batch, args: SGRPOArgs) -> LossResult:
-    return sgrpo_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                      batch["is_weights"], batch.get("ref_logprobs"), **asdict(args))
+    return sgrpo_loss(
+        outputs["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        batch["is_weights"],
+        batch.get("ref_logprobs"),
+        **asdict(args),
+    )
 
 
 class SGRPOSettings(PolicyGradient, GroupScaling, Aggregation, KLPenalty, Clip):
@@ -56,5 +69,15 @@ def make_args(settings: SGRPOSettings, batch: GlobalBatch) -> SGRPOArgs:
     return SGRPOArgs(kl_coeff=settings.kl_coeff, **PolicyLossArgs.common(settings, batch))
 
 
-ALGORITHM = Algorithm("sgrpo", "rl", "prompts", batch_loss, make_args, per_token_means, SGRPOSettings, reference="kl", advantages="group",
-                      episodes=True)
+ALGORITHM = Algorithm(
+    "sgrpo",
+    "rl",
+    "prompts",
+    batch_loss,
+    make_args,
+    per_token_means,
+    SGRPOSettings,
+    reference="kl",
+    advantages="group",
+    episodes=True,
+)

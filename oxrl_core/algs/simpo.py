@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Annotated
 
 import torch
-from pydantic import Field
 import torch.nn.functional as F
+from pydantic import Field
 
 from oxrl_core.algs.base import Algorithm, Batch, GlobalBatch, LossResult, PairArgs, pair_sums
 from oxrl_core.algs.pairs import pair_means, pair_metrics
@@ -25,7 +25,10 @@ def simpo_loss(
     rejected_logps: torch.Tensor,  # [N]
     chosen_lengths: torch.Tensor,  # [N] response tokens; 0 on padding filler
     rejected_lengths: torch.Tensor,  # [N]
-    *, beta: float, gamma: float, num_pairs: float,
+    *,
+    beta: float,
+    gamma: float,
+    num_pairs: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     valid = (chosen_lengths > 0) & (rejected_lengths > 0)  # [N] a pair counts only if both responses have tokens
     # clamp: filler rows divide by 1, not 0; torch.where then gives them exactly zero gradient

@@ -14,13 +14,26 @@ from oxrl_core.errors import OxrlError
 def check(config) -> None:
     check_iterations(config)
     if config.data.val is not None:
-        raise OxrlError(f"data.val={str(config.data.val)!r}: SPIN has no held-out measure (its rejected answers are "
-                        f"generated during training); leave data.val unset")
+        raise OxrlError(
+            f"data.val={str(config.data.val)!r}: SPIN has no held-out measure (its rejected answers are "
+            f"generated during training); leave data.val unset"
+        )
 
 
 class SPINSettings(Iterations, dpo.DPOLossSettings):
     pass
 
 
-ALGORITHM = Algorithm("spin", "sl", "demonstrations", dpo.batch_loss, dpo.make_args, pair_means, SPINSettings, reference="iteration",
-                      self_play="against-demonstration", per_iteration=True, check=check)
+ALGORITHM = Algorithm(
+    "spin",
+    "sl",
+    "demonstrations",
+    dpo.batch_loss,
+    dpo.make_args,
+    pair_means,
+    SPINSettings,
+    reference="iteration",
+    self_play="against-demonstration",
+    per_iteration=True,
+    check=check,
+)

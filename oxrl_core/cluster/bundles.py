@@ -25,16 +25,25 @@ class Reservation:
         # The trainer's bundles pack onto as few nodes as fit; an engine's workers must share a node (its
         # tensor-parallel group), so each split engine has a group of its own.
         self._trainer = placement_group([bundle] * placement.train_ranks, strategy="PACK")
-        self._engines = [] if placement.mode == "colocated" else [
-            placement_group([bundle] * placement.tensor_parallel_size, strategy="STRICT_PACK")
-            for _ in range(placement.engines)]
+        self._engines = (
+            []
+            if placement.mode == "colocated"
+            else [
+                placement_group([bundle] * placement.tensor_parallel_size, strategy="STRICT_PACK")
+                for _ in range(placement.engines)
+            ]
+        )
         self._judge = placement_group([bundle]) if placement.judge == "own" else None
-        ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=PLACEMENT_TIMEOUT_S)
+        ready, _ = ray.wait(
+            [g.ready() for g in self._groups], num_returns=len(self._groups), timeout=PLACEMENT_TIMEOUT_S
+        )
         if len(ready) < len(self._groups):
             self.release()
-            raise OxrlError(f"placement ({placement.describe()}) needs {placement.bundles} bundle(s) of {bundle}, "
-                            f"an engine's on one node; Ray could not place them in {PLACEMENT_TIMEOUT_S} s. "
-                            f"The cluster has {ray.cluster_resources()}, free {ray.available_resources()}")
+            raise OxrlError(
+                f"placement ({placement.describe()}) needs {placement.bundles} bundle(s) of {bundle}, "
+                f"an engine's on one node; Ray could not place them in {PLACEMENT_TIMEOUT_S} s. "
+                f"The cluster has {ray.cluster_resources()}, free {ray.available_resources()}"
+            )
         if placement.mode == "colocated" and placement.tensor_parallel_size > 1:
             self._check_engines_on_one_node()
 
@@ -49,7 +58,8 @@ class Reservation:
                 raise OxrlError(
                     f"placement ({p.describe()}): engine {engine}'s {tp} tensor-parallel workers would sit on the GPUs of "
                     f"trainer ranks {engine * tp}-{engine * tp + tp - 1}, which Ray placed on more than one node; use a "
-                    f"rollout.tensor_parallel_size that divides each node's GPUs, or rollout.placement=split")
+                    f"rollout.tensor_parallel_size that divides each node's GPUs, or rollout.placement=split"
+                )
 
     def rank_options(self, rank: int) -> dict:
         return self._options(self._trainer, rank)
@@ -73,8 +83,11 @@ class Reservation:
     def _options(self, group, bundle: int) -> dict:
         """An actor's options in `bundle` of `group`: an equal share of it with whatever else lives there."""
         p = self.placement
-        sharing = 1 if group is not self._trainer else (
-            1 + (p.mode == "colocated" and bundle < p.engine_workers) + (p.judge == "colocated" and bundle == 0))
+        sharing = (
+            1
+            if group is not self._trainer
+            else (1 + (p.mode == "colocated" and bundle < p.engine_workers) + (p.judge == "colocated" and bundle == 0))
+        )
         share = round(1 / sharing, 4)  # Ray counts in units of 1e-4: three thirds must not exceed the bundle
         options = {"num_cpus": share, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle)}
         if self.placement.on_gpu:
@@ -85,12 +98,21 @@ class Reservation:
         """Write where each trainer rank and engine worker runs (node, address, GPUs) to placement.json; return the
         placement in a line for the console. Each actor answers once built, which may take minutes (a large model,
         DeepSpeed's CPU Adam under offload), so the wait is the run's hang deadline, not the placement's."""
-        where = self.watch.get([self.watch.where(actor) for actor in [*ranks, *(w for e in engines for w in e)]],
-                               "actor start")
-        workers = iter(where[len(ranks):])
-        (run_dir / "placement.json").write_text(json.dumps(
-            {"placement": self.placement.describe(), "mode": self.placement.mode, "ranks": where[:len(ranks)],
-             "engines": [[next(workers) for _ in e] for e in engines]}, indent=2))
+        where = self.watch.get(
+            [self.watch.where(actor) for actor in [*ranks, *(w for e in engines for w in e)]], "actor start"
+        )
+        workers = iter(where[len(ranks) :])
+        (run_dir / "placement.json").write_text(
+            json.dumps(
+                {
+                    "placement": self.placement.describe(),
+                    "mode": self.placement.mode,
+                    "ranks": where[: len(ranks)],
+                    "engines": [[next(workers) for _ in e] for e in engines],
+                },
+                indent=2,
+            )
+        )
         return self.placement.describe()
 
     def release(self) -> None:

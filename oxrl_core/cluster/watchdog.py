@@ -126,13 +126,21 @@ class ActorWatch:
         stuck = {ref.task_id().actor_id() for ref in pending}
         # every actor's stacks, in parallel; the stuck are killed after theirs, the others end as at any exit
         found = dict(zip(self._actors, self._inspect([(w, actor_id in stuck) for actor_id, w in self._actors.items()])))
-        rule = (f"{FIRST_RUN_FACTOR} x run.hang_timeout_s={self.hang_timeout_s:g} on its first run"
-                if phase not in self.deadlines.slowest else
-                f"{LATER_FACTOR} x its longest earlier run, at least run.hang_timeout_s={self.hang_timeout_s:g}")
+        rule = (
+            f"{FIRST_RUN_FACTOR} x run.hang_timeout_s={self.hang_timeout_s:g} on its first run"
+            if phase not in self.deadlines.slowest
+            else f"{LATER_FACTOR} x its longest earlier run, at least run.hang_timeout_s={self.hang_timeout_s:g}"
+        )
         who = "; ".join(found[actor_id][0] for actor_id in self._actors if actor_id in stuck)
         message = f"hang: {phase} gave no answer in {waited:.0f} s (its deadline: {bound:.0f} s, {rule}): {who}"
-        report = message + "\n\n" + "\n\n".join(
-            f"=== {line}{' -- stuck' if actor_id in stuck else ''}\n{stacks}" for actor_id, (line, stacks) in found.items())
+        report = (
+            message
+            + "\n\n"
+            + "\n\n".join(
+                f"=== {line}{' -- stuck' if actor_id in stuck else ''}\n{stacks}"
+                for actor_id, (line, stacks) in found.items()
+            )
+        )
         return Hang(message, report)
 
     def _inspect(self, actors: list[tuple[_Watched, bool]]) -> list[tuple[str, str]]:
@@ -148,21 +156,37 @@ class ActorWatch:
                 asked.append((watched, None, None))
                 continue
             node = NodeAffinitySchedulingStrategy(where["node_id"], soft=False)
-            asked.append((watched, where, _stacks_of.options(scheduling_strategy=node).remote(
-                where["pid"], str(watched.log_path.with_suffix(".stacks")), kill)))
+            asked.append(
+                (
+                    watched,
+                    where,
+                    _stacks_of.options(scheduling_strategy=node).remote(
+                        where["pid"], str(watched.log_path.with_suffix(".stacks")), kill
+                    ),
+                )
+            )
         found = []
         for watched, where, answer in asked:
             if where is None:
-                found.append((f"{watched.name} (never started: its process unknown)",
-                              "(no stacks: the actor never finished starting)"))
+                found.append(
+                    (
+                        f"{watched.name} (never started: its process unknown)",
+                        "(no stacks: the actor never finished starting)",
+                    )
+                )
                 continue
             try:
                 state, stacks = ray.get(answer, timeout=30)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
                 state, stacks = "unknown", f"(no stacks: {type(e).__name__})"
             doing = innermost_call(stacks)
-            found.append((f"{watched.name} (pid {where['pid']} on {where['address']}, {state}"
-                          f"{', in ' + doing if doing else ''})", stacks))
+            found.append(
+                (
+                    f"{watched.name} (pid {where['pid']} on {where['address']}, {state}"
+                    f"{', in ' + doing if doing else ''})",
+                    stacks,
+                )
+            )
         return found
 
 
@@ -213,5 +237,9 @@ def _stacks_of(pid: int, stacks_path: str, kill: bool) -> tuple[str, str]:
 
 def _where(_actor) -> dict:
     context = ray.get_runtime_context()
-    return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "gpus": [str(g) for g in ray.get_gpu_ids()]}
+    return {
+        "node_id": context.get_node_id(),
+        "address": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "gpus": [str(g) for g in ray.get_gpu_ids()],
+    }

@@ -23,7 +23,8 @@ class _YamlLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node, deep=True)
                 if key in first_line:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} given twice (first on line {first_line[key]})", key_node.start_mark)
+                        None, None, f"key {key!r} given twice (first on line {first_line[key]})", key_node.start_mark
+                    )
                 first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
@@ -94,7 +95,9 @@ def read_tree(path: Path | None) -> dict:
         raise OxrlError(f"--config {path}: no such file")
     tree = parse_yaml(path.read_text(), str(path)) or {}
     if not isinstance(tree, dict):
-        raise OxrlError(f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}")
+        raise OxrlError(
+            f"{path}: the top level must be a mapping of sections (model, data, train, ...), got {type(tree).__name__}"
+        )
     return tree
 
 
@@ -126,7 +129,10 @@ def _model_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel]:
             continue
         field = next(f for name, f in model.model_fields.items() if part in (name, f.alias))
         annotation = field.annotation
-        model = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
+        model = next(
+            (a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)),
+            annotation,
+        )
     return model
 
 

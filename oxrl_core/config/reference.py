@@ -1,6 +1,6 @@
 """The config reference (docs/reference/config.md), generated from the pydantic models.
 
-    python -m oxrl_core.config.reference docs/reference/config.md   # rewrite the block between the markers
+python -m oxrl_core.config.reference docs/reference/config.md   # rewrite the block between the markers
 """
 
 import json
@@ -23,7 +23,11 @@ def reference_markdown() -> str:
     lines = []
     for section, field in RLConfig.model_fields.items():
         # train differs between SL and RL; every other section is shared or RL-only
-        variants = [("sl", SLConfig.model_fields[section].annotation), ("rl", field.annotation)] if section == "train" else [(None, field.annotation)]
+        variants = (
+            [("sl", SLConfig.model_fields[section].annotation), ("rl", field.annotation)]
+            if section == "train"
+            else [(None, field.annotation)]
+        )
         for kind, model in variants:
             where = f" ({kind} runs)" if kind else ("" if section in sl_sections else " (rl runs)")
             lines += [f"## `{section}`{where}", "", *_table(_rows(section, model)), ""]
@@ -70,7 +74,9 @@ def _rows(prefix: str, model: type[BaseModel]) -> list[str]:
 
 def _type(annotation) -> str:
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Annotated:  # a constrained type (PositiveInt): the constraint is in the meaning
+    if (
+        typing.get_origin(annotation) is typing.Annotated
+    ):  # a constrained type (PositiveInt): the constraint is in the meaning
         return _type(args[0])
     if typing.get_origin(annotation) is list and isinstance(args[0], type) and issubclass(args[0], BaseModel):
         return "list of {" + ", ".join(args[0].model_fields) + "}"

@@ -12,9 +12,18 @@ from pydantic import Field, create_model, model_serializer, model_validator
 
 from oxrl_core.algs.registry import ALGORITHMS, DECLARED, names
 from oxrl_core.algs.settings import PositiveInt, Section, Settings
-from oxrl_core.config.sections import (DataSection, DeepSpeedSection, JudgeSection, LoraSection, ModelSection,
-                                       RewardSection, RolloutSection, RunSection, TrainCommon)
+from oxrl_core.config.sections import (
+    DataSection,
+    DeepSpeedSection,
+    LoraSection,
+    ModelSection,
+    RewardSection,
+    RolloutSection,
+    RunSection,
+    TrainCommon,
+)
 from oxrl_core.errors import OxrlError
+
 
 class AlgorithmTrain(TrainCommon):
     """A loop's `train` section: the shared settings, the algorithm's name, and its own settings as one block,
@@ -41,8 +50,12 @@ class AlgorithmTrain(TrainCommon):
 
     @model_serializer(mode="wrap")
     def _without_unset_blocks(self, handler) -> dict:
-        unset = {key for name in names(self.loop) if getattr(self, block_field(name)) is None
-                 for key in (name, block_field(name))}
+        unset = {
+            key
+            for name in names(self.loop)
+            if getattr(self, block_field(name)) is None
+            for key in (name, block_field(name))
+        }
         return {key: value for key, value in handler(self).items() if key not in unset}
 
     @property
@@ -57,32 +70,49 @@ def block_field(alg: str) -> str:
 
 
 def _blocks(loop: str) -> dict:
-    return {block_field(name): (ALGORITHMS[name].settings | None,
-                                Field(None, alias=name, description=f"--alg {name}: its settings."))
-            for name in names(loop)}
+    return {
+        block_field(name): (
+            ALGORITHMS[name].settings | None,
+            Field(None, alias=name, description=f"--alg {name}: its settings."),
+        )
+        for name in names(loop)
+    }
 
 
 class SLTrainCommon(AlgorithmTrain):
     loop = "sl"
     alg: Literal[names("sl")] = Field("sft", description="Supervised algorithm (CLI: --alg).")
-    eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Evaluate on `data.val` every N steps (0: only at the end).")
+    eval_every: Annotated[int, Field(ge=0)] = Field(
+        0, description="Evaluate on `data.val` every N steps (0: only at the end)."
+    )
 
 
 class RLTrainCommon(AlgorithmTrain):
     loop = "rl"
     alg: Literal[names("rl")] = Field("cispo", description="RL algorithm (CLI: --alg).")
-    batch_size: PositiveInt = Field(64, description="Samples (prompts x n_samples) per optimizer step, all ranks together.")
+    batch_size: PositiveInt = Field(
+        64, description="Samples (prompts x n_samples) per optimizer step, all ranks together."
+    )
     grad_accum: PositiveInt = Field(8, description="Micro-batches per optimizer step on one rank.")
-    max_bad_steps: PositiveInt = Field(3, description="Stop (with a checkpoint) after this many consecutive steps skipped for NaN/Inf.")
-    eval_every: Annotated[int, Field(ge=0)] = Field(0, description="Greedy accuracy on `data.val` every N steps (0: before and after training only).")
+    max_bad_steps: PositiveInt = Field(
+        3, description="Stop (with a checkpoint) after this many consecutive steps skipped for NaN/Inf."
+    )
+    eval_every: Annotated[int, Field(ge=0)] = Field(
+        0, description="Greedy accuracy on `data.val` every N steps (0: before and after training only)."
+    )
 
 
 SLTrain = create_model("SLTrain", __base__=SLTrainCommon, __module__=__name__, **_blocks("sl"))
 RLTrain = create_model("RLTrain", __base__=RLTrainCommon, __module__=__name__, **_blocks("rl"))
 # Where each setting that was once a key of `train` (or of `rollout`) now lives: {old key: its name in the blocks}.
-MOVED = {**{key: key for name in DECLARED for key in ALGORITHMS[name].settings.model_fields},
-         "simpo_gamma": "gamma", "orpo_lambda": "lam", "kd_alpha": "alpha", "kd_temperature": "temperature",
-         "rft_threshold": "threshold"}
+MOVED = {
+    **{key: key for name in DECLARED for key in ALGORITHMS[name].settings.model_fields},
+    "simpo_gamma": "gamma",
+    "orpo_lambda": "lam",
+    "kd_alpha": "alpha",
+    "kd_temperature": "temperature",
+    "rft_threshold": "threshold",
+}
 
 
 def moved_setting(old: str, key: str, alg: str, loop: str) -> str:
@@ -90,8 +120,9 @@ def moved_setting(old: str, key: str, alg: str, loop: str) -> str:
     takers = [name for name in names(loop) if key in ALGORITHMS[name].settings.model_fields]
     if alg in takers:
         return f"{old}: moved to train.{alg}.{key} (each algorithm's settings are its own block, train.<alg>)"
-    return (f"{old}: --alg {alg} has no such setting; {key} is a setting of --alg {', '.join(takers)} "
-            f"(train.<alg>.{key})")
+    return (
+        f"{old}: --alg {alg} has no such setting; {key} is a setting of --alg {', '.join(takers)} (train.<alg>.{key})"
+    )
 
 
 class SLConfig(Section):
@@ -101,8 +132,12 @@ class SLConfig(Section):
     lora: LoraSection = LoraSection()
     data: DataSection
     train: SLTrain = SLTrain()
-    rollout: RolloutSection = Field(default_factory=RolloutSection, description="RFT, SPIN, Online DPO: sampling from the policy with vLLM.")
-    reward: RewardSection = Field(default_factory=RewardSection, description="RFT, Online DPO: what scores the policy's samples.")
+    rollout: RolloutSection = Field(
+        default_factory=RolloutSection, description="RFT, SPIN, Online DPO: sampling from the policy with vLLM."
+    )
+    reward: RewardSection = Field(
+        default_factory=RewardSection, description="RFT, Online DPO: what scores the policy's samples."
+    )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     run: RunSection = Field(default_factory=RunSection)
 
@@ -124,7 +159,10 @@ class RLConfig(Section):
         """Samples k versions old: their weights p_old / q are not near 1, so a pipelined or asynchronous run corrects
         them (token-truncate) unless its algorithm's settings choose otherwise."""
         settings = self.train.settings
-        if (self.rollout.lag or self.rollout.max_staleness) and "sampler_correction" not in settings.model_fields_set \
-                and settings.sampler_correction == "none":
+        if (
+            (self.rollout.lag or self.rollout.max_staleness)
+            and "sampler_correction" not in settings.model_fields_set
+            and settings.sampler_correction == "none"
+        ):
             settings.sampler_correction = "token-truncate"
         return self

@@ -43,8 +43,10 @@ def decode_audio(data: bytes, name: str, max_seconds: float) -> tuple[np.ndarray
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as clip:
             if not MIN_RATE <= clip.samplerate <= MAX_RATE or not 1 <= clip.channels <= MAX_CHANNELS:
-                raise ValueError(f"{name}: header claims {clip.samplerate} Hz and {clip.channels} channel(s) (allowed: "
-                                 f"{MIN_RATE:,} to {MAX_RATE:,} Hz, 1 to {MAX_CHANNELS} channels)")
+                raise ValueError(
+                    f"{name}: header claims {clip.samplerate} Hz and {clip.channels} channel(s) (allowed: "
+                    f"{MIN_RATE:,} to {MAX_RATE:,} Hz, 1 to {MAX_CHANNELS} channels)"
+                )
             # never more than that is read, whatever length the header claims
             samples = clip.read(frames=ceil(max_seconds * clip.samplerate), dtype="float32", always_2d=True)
             rate = clip.samplerate

@@ -54,8 +54,12 @@ def read_image(value, folder: Path, index: int) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise ValueError(f"{name}: {image.width}x{image.height} pixels is too large (at most {MAX_IMAGE_PIXELS:,})")
-            return np.array(image.convert("RGB"), dtype=np.uint8)  # writable: torch.from_numpy warns of a read-only array
+                raise ValueError(
+                    f"{name}: {image.width}x{image.height} pixels is too large (at most {MAX_IMAGE_PIXELS:,})"
+                )
+            return np.array(
+                image.convert("RGB"), dtype=np.uint8
+            )  # writable: torch.from_numpy warns of a read-only array
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"{name}: not a decodable image ({str(e).splitlines()[0][:120]})") from None
 

@@ -30,7 +30,10 @@ from oxrl_core.data.images import qwen_sized, read_image
 from oxrl_core.models.hub import is_multimodal_config
 
 MESSAGE_FIELDS = ("messages", "prompt", "completion", "chosen", "rejected")
-KIND_FIELDS = {"image": ("images", "image"), "audio": ("audios", "audio")}  # a record's fields of each kind: a list, one
+KIND_FIELDS = {
+    "image": ("images", "image"),
+    "audio": ("audios", "audio"),
+}  # a record's fields of each kind: a list, one
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,13 @@ class Family:
 
 
 QWEN_VL = Family("image", "<|image_pad|>", qwen_sizing=True)
-FAMILIES = {"qwen2_vl": QWEN_VL, "qwen2_5_vl": QWEN_VL, "qwen3_vl": QWEN_VL, "idefics3": Family("image", "<image>"),
-            "qwen2_audio": Family("audio", "<|AUDIO|>")}
+FAMILIES = {
+    "qwen2_vl": QWEN_VL,
+    "qwen2_5_vl": QWEN_VL,
+    "qwen3_vl": QWEN_VL,
+    "idefics3": Family("image", "<image>"),
+    "qwen2_audio": Family("audio", "<|AUDIO|>"),
+}
 MEDIA_MODEL_TYPES = tuple(FAMILIES)  # the multimodal models whose media oxrl trains
 
 
@@ -77,8 +85,13 @@ class MediaPolicy:
         image = read_image(value, folder, index)
         if self.family.qwen_sizing:
             images = processor.image_processor  # transformers keeps min_pixels and max_pixels in `size`
-            image = qwen_sized(image, images.patch_size * images.merge_size, images.size["shortest_edge"],
-                               images.size["longest_edge"], index)
+            image = qwen_sized(
+                image,
+                images.patch_size * images.merge_size,
+                images.size["shortest_edge"],
+                images.size["longest_edge"],
+                index,
+            )
         return image
 
     def expansion(self, item: np.ndarray) -> tuple[int, ...]:
@@ -109,9 +122,17 @@ class MediaPolicy:
         processor = _processor(self.folder)
         if self.kind == "audio":
             extractor = processor.feature_extractor
-            features = extractor(media, sampling_rate=extractor.sampling_rate, padding="max_length",
-                                 return_attention_mask=True, return_tensors="pt")
-            inputs = {"input_features": features["input_features"], "feature_attention_mask": features["attention_mask"]}
+            features = extractor(
+                media,
+                sampling_rate=extractor.sampling_rate,
+                padding="max_length",
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            inputs = {
+                "input_features": features["input_features"],
+                "feature_attention_mask": features["attention_mask"],
+            }
         elif self.family.qwen_sizing:
             images = processor.image_processor(images=media, return_tensors="pt")
             inputs = {"pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]}
@@ -133,8 +154,12 @@ def _expansion(folder: str, kind: str, token: str, shape: tuple[int, ...]) -> tu
     processor = _processor(folder)
     if kind == "audio":
         extractor = processor.feature_extractor
-        out = processor(text=[token], audio=[np.zeros(shape, np.float32)], sampling_rate=extractor.sampling_rate,
-                        add_special_tokens=False)
+        out = processor(
+            text=[token],
+            audio=[np.zeros(shape, np.float32)],
+            sampling_rate=extractor.sampling_rate,
+            add_special_tokens=False,
+        )
     else:
         out = processor(text=[token], images=[np.zeros(shape, np.uint8)], add_special_tokens=False)
     return tuple(out["input_ids"][0])
@@ -151,8 +176,10 @@ def media_policy(folder: str) -> MediaPolicy | None:
         return None
     family = FAMILIES.get(config.model_type)
     if family is None:
-        raise ValueError(f"{config.model_type!r} models' media are not supported; oxrl trains the media of "
-                         f"{', '.join(MEDIA_MODEL_TYPES)}")
+        raise ValueError(
+            f"{config.model_type!r} models' media are not supported; oxrl trains the media of "
+            f"{', '.join(MEDIA_MODEL_TYPES)}"
+        )
     return MediaPolicy(family, folder, _processor(folder).tokenizer.convert_tokens_to_ids(family.token))
 
 
@@ -184,19 +211,28 @@ def bind_media(record: dict, folder: Path, policy: MediaPolicy | None) -> dict:
     for field in MESSAGE_FIELDS:
         if not isinstance(record.get(field), list):
             continue
-        first = after_prompt if field in ("completion", "chosen", "rejected") and record.get("prompt") is not None else 0
+        first = (
+            after_prompt if field in ("completion", "chosen", "rejected") and record.get("prompt") is not None else 0
+        )
         bound[field], end = _with_media(record[field], media, first, policy.kind)
         used = max(used, end)
     if used != len(media):
-        raise ValueError(f"the conversation has {used} {policy.kind} part(s) ({{\"type\": \"{policy.kind}\"}}) for "
-                         f"{len(media)} {policy.kind}(s); each needs one part, in order")
+        raise ValueError(
+            f'the conversation has {used} {policy.kind} part(s) ({{"type": "{policy.kind}"}}) for '
+            f"{len(media)} {policy.kind}(s); each needs one part, in order"
+        )
     return bound
 
 
 def message_media(messages: list[dict]) -> list[np.ndarray]:
     """The bound media of `messages`, in order."""
-    return [part[part["type"]] for m in messages if isinstance(m["content"], list) for part in m["content"]
-            if part["type"] in KIND_FIELDS]
+    return [
+        part[part["type"]]
+        for m in messages
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part["type"] in KIND_FIELDS
+    ]
 
 
 def expand_media_tokens(ids: list[int], media: list[np.ndarray], policy: MediaPolicy) -> list[int]:
@@ -204,8 +240,10 @@ def expand_media_tokens(ids: list[int], media: list[np.ndarray], policy: MediaPo
     model reads (its processor does the same)."""
     places = [i for i, token in enumerate(ids) if token == policy.token_id]
     if len(places) != len(media):
-        raise ValueError(f"the chat template rendered {len(places)} placeholder(s) {policy.family.token} for "
-                         f"{len(media)} {policy.kind}(s)")
+        raise ValueError(
+            f"the chat template rendered {len(places)} placeholder(s) {policy.family.token} for "
+            f"{len(media)} {policy.kind}(s)"
+        )
     out, start = [], 0
     for place, item in zip(places, media):
         out += ids[start:place] + list(policy.expansion(item))
@@ -219,7 +257,7 @@ def collapse_media_tokens(ids: list[int], media: tuple[np.ndarray, ...], policy:
     out, start = [], 0
     for item in media:
         expansion = list(policy.expansion(item))
-        at = next(i for i in range(start, len(ids)) if ids[i:i + len(expansion)] == expansion)
+        at = next(i for i in range(start, len(ids)) if ids[i : i + len(expansion)] == expansion)
         out += ids[start:at] + [policy.token_id]
         start = at + len(expansion)
     return out + ids[start:]
@@ -228,8 +266,13 @@ def collapse_media_tokens(ids: list[int], media: tuple[np.ndarray, ...], policy:
 def _count_parts(messages, kind: str) -> int:
     if not isinstance(messages, list):
         return 0
-    return sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
-               for part in m["content"] if isinstance(part, dict) and part.get("type") == kind)
+    return sum(
+        1
+        for m in messages
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, dict) and part.get("type") == kind
+    )
 
 
 def _with_media(messages: list, media: list[np.ndarray], first: int, kind: str) -> tuple[list, int]:
@@ -241,7 +284,9 @@ def _with_media(messages: list, media: list[np.ndarray], first: int, kind: str) 
             for part in m["content"]:
                 if isinstance(part, dict) and part.get("type") == kind:
                     if k >= len(media):
-                        raise ValueError(f"more {kind} parts ({{\"type\": \"{kind}\"}}) than the {len(media)} {kind}(s) given")
+                        raise ValueError(
+                            f'more {kind} parts ({{"type": "{kind}"}}) than the {len(media)} {kind}(s) given'
+                        )
                     part = {"type": kind, kind: media[k]}
                     k += 1
                 parts.append(part)

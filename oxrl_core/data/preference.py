@@ -38,8 +38,10 @@ def preference_pair(record: dict, tokenizer, max_len: int) -> PairExample:
     """
     for name in ("chosen", "rejected"):
         if record.get(name) is None:
-            raise ValueError(f"missing field {name!r} (a preference record needs 'chosen' and 'rejected', "
-                             "and 'prompt' unless both are whole conversations that start with it)")
+            raise ValueError(
+                f"missing field {name!r} (a preference record needs 'chosen' and 'rejected', "
+                "and 'prompt' unless both are whole conversations that start with it)"
+            )
     if record.get("prompt") is not None:
         prompt = _prompt_turns(record["prompt"])
         chosen = _completion_turns(record["chosen"], "chosen")
@@ -51,14 +53,19 @@ def preference_pair(record: dict, tokenizer, max_len: int) -> PairExample:
         margin = 0.0
     elif isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin):
         raise ValueError(f"field 'margin' must be a finite number, got {margin!r:.80}")
-    return PairExample(tokenize_completion(prompt, chosen, tokenizer, max_len),
-                       tokenize_completion(prompt, rejected, tokenizer, max_len), float(margin))
+    return PairExample(
+        tokenize_completion(prompt, chosen, tokenizer, max_len),
+        tokenize_completion(prompt, rejected, tokenizer, max_len),
+        float(margin),
+    )
 
 
 def load_preference_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tuple[list[PairExample], DataReport]:
     """Tokenized preference pairs of a file; bad records are skipped and reported (fatal when `strict`)."""
     _require_chat_template(tokenizer, path, "preference")
-    return load_examples(path, lambda record: preference_pair(record, tokenizer, max_len), strict, "preference", tokenizer)
+    return load_examples(
+        path, lambda record: preference_pair(record, tokenizer, max_len), strict, "preference", tokenizer
+    )
 
 
 @dataclass
@@ -93,8 +100,10 @@ def load_unpaired_examples(
     def convert(record: dict) -> _Unpaired:
         for name in ("prompt", "completion", "label"):
             if record.get(name) is None:
-                raise ValueError(f"missing field {name!r} (an unpaired record needs 'prompt', 'completion' and "
-                                 "'label': true for a desirable completion, false for an undesirable one)")
+                raise ValueError(
+                    f"missing field {name!r} (an unpaired record needs 'prompt', 'completion' and "
+                    "'label': true for a desirable completion, false for an undesirable one)"
+                )
         label = record["label"]
         if not isinstance(label, bool):
             raise ValueError(f"field 'label' must be true or false (a JSON boolean), got {label!r:.80}")
@@ -103,8 +112,10 @@ def load_unpaired_examples(
 
     records, report = load_examples(path, convert, strict, "unpaired", tokenizer)
     if len(records) < 2:
-        raise OxrlError(f"{path}: 1 usable unpaired record; KTO needs at least 2, because it estimates its KL "
-                        "baseline from each prompt paired with another record's completion")
+        raise OxrlError(
+            f"{path}: 1 usable unpaired record; KTO needs at least 2, because it estimates its KL "
+            "baseline from each prompt paired with another record's completion"
+        )
     examples = []
     for i, record in enumerate(records):
         other = records[(i + 1) % len(records)]
@@ -127,12 +138,13 @@ def load_text_blocks(path: Path, tokenizer, max_len: int, strict: bool) -> tuple
     eos = tokenizer.eos_token_id
     if eos is None:
         raise OxrlError(
-            f"model.name_or_path: its tokenizer has no EOS token; CPT documents ({path}) are separated by it")
+            f"model.name_or_path: its tokenizer has no EOS token; CPT documents ({path}) are separated by it"
+        )
 
     def convert(record: dict) -> list[int]:
         text = record.get("text")
         if text is None:
-            raise ValueError('missing field \'text\' (a CPT record is {"text": string})')
+            raise ValueError("missing field 'text' (a CPT record is {\"text\": string})")
         if not isinstance(text, str):
             raise ValueError(f"field 'text' must be a string, got {type(text).__name__}")
         if not text.strip():
@@ -141,7 +153,7 @@ def load_text_blocks(path: Path, tokenizer, max_len: int, strict: bool) -> tuple
 
     documents, report = load_examples(path, convert, strict, "CPT")
     stream = [token for document in documents for token in document]
-    blocks = [stream[start:start + max_len] for start in range(0, len(stream), max_len)]
+    blocks = [stream[start : start + max_len] for start in range(0, len(stream), max_len)]
     if len(blocks[-1]) < 2:  # a lone token predicts nothing
         blocks.pop()
     return [SFTExample(block, [1] * len(block)) for block in blocks], report
@@ -160,7 +172,8 @@ def collate_pairs(pairs: list[PairExample], pad_id: int) -> dict[str, torch.Tens
 def _require_chat_template(tokenizer, path: Path, kind: str) -> None:
     if not tokenizer.chat_template:
         raise OxrlError(
-            f"model.name_or_path: its tokenizer has no chat template; {kind} records ({path}) are rendered with it")
+            f"model.name_or_path: its tokenizer has no chat template; {kind} records ({path}) are rendered with it"
+        )
 
 
 def _prompt_turns(value) -> list[dict]:
@@ -176,8 +189,10 @@ def _completion_turns(value, name: str) -> list[dict]:
     if not any(m["role"] == "assistant" and content_text(m["content"]).strip() for m in turns):
         raise ValueError(f"empty completion in {name!r}: no assistant message with content")
     if turns[0]["role"] != "assistant":
-        raise ValueError(f"the completion in {name!r} (what follows the prompt) must start with an assistant message, "
-                         f"got a {turns[0]['role']} message")
+        raise ValueError(
+            f"the completion in {name!r} (what follows the prompt) must start with an assistant message, "
+            f"got a {turns[0]['role']} message"
+        )
     return turns
 
 
@@ -185,8 +200,10 @@ def _split_shared_prompt(chosen, rejected) -> tuple[list[dict], list[dict], list
     """(prompt, chosen completion, rejected completion) of two whole conversations that start with the same prompt."""
     for name, value in (("chosen", chosen), ("rejected", rejected)):
         if not isinstance(value, list):
-            raise ValueError(f"without a 'prompt' field, {name!r} must be a whole conversation (a list of messages "
-                             f"starting with the prompt), got {type(value).__name__}")
+            raise ValueError(
+                f"without a 'prompt' field, {name!r} must be a whole conversation (a list of messages "
+                f"starting with the prompt), got {type(value).__name__}"
+            )
         check_messages(value)
     if chosen == rejected:  # nothing differs: the last message is the completion (as TRL's extract_prompt)
         shared = len(chosen) - 1
@@ -195,8 +212,10 @@ def _split_shared_prompt(chosen, rejected) -> tuple[list[dict], list[dict], list
         while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
             shared += 1
     if shared < 1:
-        raise ValueError("no shared prompt: without a 'prompt' field, 'chosen' and 'rejected' must be conversations "
-                         "that start with the same messages (the prompt)")
+        raise ValueError(
+            "no shared prompt: without a 'prompt' field, 'chosen' and 'rejected' must be conversations "
+            "that start with the same messages (the prompt)"
+        )
     prompt = chosen[:shared]
     return prompt, _completion_turns(chosen[shared:], "chosen"), _completion_turns(rejected[shared:], "rejected")
 
@@ -209,16 +228,20 @@ class Demonstration:
     chosen: SFTExample  # prompt + the record's last assistant turn, mask on that turn
 
 
-def load_demonstrations(path, tokenizer, max_len: int, max_prompt_len: int, strict: bool) -> tuple[list[Demonstration], DataReport]:
+def load_demonstrations(
+    path, tokenizer, max_len: int, max_prompt_len: int, strict: bool
+) -> tuple[list[Demonstration], DataReport]:
     """SFT records (`messages`, or `prompt` + `completion`) as SPIN's demonstrations: the last assistant message
     is the answer, everything before it the prompt (later messages are not used)."""
     if not tokenizer.chat_template:
-        raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; the records of {path} are rendered with it")
+        raise OxrlError(
+            f"model.name_or_path: its tokenizer has no chat template; the records of {path} are rendered with it"
+        )
 
     def convert(record: dict) -> Demonstration:
         messages = sft_messages(record)
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        chosen = tokenize_completion(messages[:last], messages[last:last + 1], tokenizer, max_len)
+        chosen = tokenize_completion(messages[:last], messages[last : last + 1], tokenizer, max_len)
         prompt_ids = chat_template_ids(tokenizer, messages[:last], add_generation_prompt=True)
         if len(prompt_ids) > max_prompt_len:
             raise ValueError(f"prompt is {len(prompt_ids)} tokens; rollout.max_prompt_len is {max_prompt_len}")

@@ -87,13 +87,17 @@ def sft_messages(record: dict) -> list[dict]:
     elif "prompt" in record or "completion" in record:
         for name in ("prompt", "completion"):
             if name not in record:
-                raise ValueError(f"missing field {name!r} (an SFT record needs 'messages', or 'prompt' and 'completion')")
+                raise ValueError(
+                    f"missing field {name!r} (an SFT record needs 'messages', or 'prompt' and 'completion')"
+                )
         completion = record["completion"]
         if isinstance(completion, str) and not completion.strip():
             raise ValueError("empty completion")
         messages = _as_turns(record["prompt"], "user", "prompt") + _as_turns(completion, "assistant", "completion")
     else:
-        raise ValueError(f"no 'messages' or 'prompt'/'completion' fields (found: {', '.join(sorted(record)) or 'none'})")
+        raise ValueError(
+            f"no 'messages' or 'prompt'/'completion' fields (found: {', '.join(sorted(record)) or 'none'})"
+        )
     check_messages(messages)
     if not any(m["role"] == "assistant" and content_text(m["content"]).strip() for m in messages):
         raise ValueError("empty response: no assistant message with content")
@@ -106,18 +110,23 @@ def check_messages(messages: list) -> None:
     record's `images` or `audios`, data/media.py), in a user or system message."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str | list):
-            raise ValueError(f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string or list of parts}}, "
-                             f"got {m!r:.80}")
+            raise ValueError(
+                f"message {i} must be {{role: one of {', '.join(ROLES)}, content: string or list of parts}}, "
+                f"got {m!r:.80}"
+            )
         for part in m["content"] if isinstance(m["content"], list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 continue
             if kind not in KIND_FIELDS:
-                raise ValueError(f"message {i}: a content part must be {{type: text, text: string}}, {{type: image}} or "
-                                 f"{{type: audio}}, got {part!r:.80}")
+                raise ValueError(
+                    f"message {i}: a content part must be {{type: text, text: string}}, {{type: image}} or "
+                    f"{{type: audio}}, got {part!r:.80}"
+                )
             if not isinstance(part.get(kind), np.ndarray):
-                raise ValueError(f"message {i} has an {kind} part but the record has no {' (or '.join(KIND_FIELDS[kind])}) "
-                                 "field")
+                raise ValueError(
+                    f"message {i} has an {kind} part but the record has no {' (or '.join(KIND_FIELDS[kind])}) field"
+                )
             if m["role"] not in ("user", "system"):
                 raise ValueError(f"message {i}: {kind}s go in user or system messages, not in a {m['role']} message")
 
@@ -139,9 +148,16 @@ def prompt_messages(record: dict) -> list[dict]:
 def load_sft_examples(path: Path, tokenizer, max_len: int, strict: bool) -> tuple[list[SFTExample], DataReport]:
     """Tokenized SFT examples of a file; bad records are skipped and reported (fatal when `strict`)."""
     if not tokenizer.chat_template:
-        raise OxrlError(f"model.name_or_path: its tokenizer has no chat template; SFT records ({path}) are rendered with it")
-    return load_examples(path, lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len, record_tools(record)),
-                         strict, "SFT", tokenizer)
+        raise OxrlError(
+            f"model.name_or_path: its tokenizer has no chat template; SFT records ({path}) are rendered with it"
+        )
+    return load_examples(
+        path,
+        lambda record: tokenize_sft(sft_messages(record), tokenizer, max_len, record_tools(record)),
+        strict,
+        "SFT",
+        tokenizer,
+    )
 
 
 def record_tools(record: dict) -> list[dict] | None:
@@ -159,8 +175,9 @@ class PromptExample:
     media: tuple[np.ndarray, ...] = ()  # the prompt's images or audio clips, prepared (data/media.py), in order
 
 
-def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
-                 new_env: Callable[[], Environment] | None = None) -> tuple[list[PromptExample], DataReport]:
+def load_prompts(
+    path: Path, tokenizer, max_prompt_len: int, strict: bool, new_env: Callable[[], Environment] | None = None
+) -> tuple[list[PromptExample], DataReport]:
     """RL prompts: `prompt` (string or messages) or `messages`, with the chat template's generation prompt. With an
     environment (`new_env` builds one), an episode's opening: the messages its `reset` gives for the record, and
     the tools it offers."""
@@ -168,7 +185,9 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
     def convert(record: dict) -> PromptExample:
         name = "messages" if "messages" in record else "prompt"
         if name not in record:
-            raise ValueError("missing field 'prompt' (an RL record needs 'prompt' or 'messages', plus what its reward reads)")
+            raise ValueError(
+                "missing field 'prompt' (an RL record needs 'prompt' or 'messages', plus what its reward reads)"
+            )
         messages = prompt_messages(record)
         if not messages:
             raise ValueError(f"field {name!r} is an empty list")
@@ -176,7 +195,9 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
         tools = None
         if new_env is not None:
             if message_media(messages):
-                raise ValueError("a record with media: episodes against an environment (rollout.env) are text-only for now")
+                raise ValueError(
+                    "a record with media: episodes against an environment (rollout.env) are text-only for now"
+                )
             env = new_env()
             messages, tools = env.reset(record), env.tools or None
         ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
@@ -187,8 +208,9 @@ def load_prompts(path: Path, tokenizer, max_prompt_len: int, strict: bool,
     return load_examples(path, convert, strict, "prompt", tokenizer)
 
 
-def load_examples(path: Path, convert: Callable[[dict], object], strict: bool, kind: str,
-                  tokenizer=None) -> tuple[list, DataReport]:
+def load_examples(
+    path: Path, convert: Callable[[dict], object], strict: bool, kind: str, tokenizer=None
+) -> tuple[list, DataReport]:
     """`convert` every record of a file; a ValueError becomes a problem tied to the record's line. With the model's
     `tokenizer`, a record's media are read and prepared first (data/media.py), into their parts."""
     records, problems = read_records(path)

@@ -45,6 +45,8 @@ class MixedSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["consumed"]) != len(self.sizes):
-            raise OxrlError(f"data.train: the resumed run sampled {len(state['consumed'])} sources, this config has "
-                            f"{len(self.sizes)}; resume with the same data.train")
+            raise OxrlError(
+                f"data.train: the resumed run sampled {len(state['consumed'])} sources, this config has "
+                f"{len(self.sizes)}; resume with the same data.train"
+            )
         self.step, self.consumed = state["step"], list(state["consumed"])

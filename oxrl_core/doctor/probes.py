@@ -28,8 +28,13 @@ class Probe:
         code = f"from oxrl_core.doctor.probes import run_in_child; run_in_child({function!r})"
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.process = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def result(self) -> dict:
         """The probe's returned dict, or `{"error": ...}` when it raised, crashed or ran past its deadline."""
@@ -74,11 +79,22 @@ def ray_start() -> dict:
 
     start_ray(num_cpus=1)
     resources = ray.cluster_resources()
-    result = {"address": os.environ.get("RAY_ADDRESS") or "local", "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
+    result = {
+        "address": os.environ.get("RAY_ADDRESS") or "local",
+        "cpus": resources.get("CPU", 0),
+        "gpus": resources.get("GPU", 0),
+    }
     if os.environ.get("RAY_ADDRESS"):
         nodes = [n for n in ray.nodes() if n["Alive"]]
-        versions = ray.get([ray.remote(num_cpus=0)(installed_versions).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in nodes], timeout=60)
+        versions = ray.get(
+            [
+                ray.remote(num_cpus=0)(installed_versions)
+                .options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote()
+                for n in nodes
+            ],
+            timeout=60,
+        )
         result["nodes"] = {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": v for n, v in zip(nodes, versions)}
     return result
 
@@ -98,20 +114,31 @@ def installed_versions() -> dict:
 def ray_check(result: dict) -> Check:
     if "error" in result:
         where = f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
-        return Check(name="ray cluster", status="fail", finding=f"{where} did not start: {result['error']}",
-                     fix="check `ray status` (for RAY_ADDRESS) or the logs in /tmp/ray/session_latest/logs; "
-                         "stale clusters: `ray stop --force`")
+        return Check(
+            name="ray cluster",
+            status="fail",
+            finding=f"{where} did not start: {result['error']}",
+            fix="check `ray status` (for RAY_ADDRESS) or the logs in /tmp/ray/session_latest/logs; "
+            "stale clusters: `ray stop --force`",
+        )
     joined = "joined " + result["address"] if result["address"] != "local" else "a local cluster started"
     finding = f"{joined}: {result['cpus']:g} CPUs, {result['gpus']:g} GPUs"
     nodes = result.get("nodes", {})
     if nodes:
         finding += f", {len(nodes)} node(s)"
         packages = sorted({name for versions in nodes.values() for name in versions})
-        differ = [f"{name}: " + ", ".join(f"{node} {versions.get(name, 'missing')}" for node, versions in nodes.items())
-                  for name in packages if len({versions.get(name) for versions in nodes.values()}) > 1]
+        differ = [
+            f"{name}: " + ", ".join(f"{node} {versions.get(name, 'missing')}" for node, versions in nodes.items())
+            for name in packages
+            if len({versions.get(name) for versions in nodes.values()}) > 1
+        ]
         if differ:
-            return Check(name="ray cluster", status="fail", finding=f"{finding}; versions differ across nodes: {'; '.join(differ)}",
-                         fix="install the same environment on every node (the same Python, oxrl and packages)")
+            return Check(
+                name="ray cluster",
+                status="fail",
+                finding=f"{finding}; versions differ across nodes: {'; '.join(differ)}",
+                fix="install the same environment on every node (the same Python, oxrl and packages)",
+            )
         finding += " with the same versions"
     return Check(name="ray cluster", status="ok", finding=finding)
 
@@ -121,19 +148,28 @@ def ray_check(result: dict) -> Check:
 
 def deepspeed_report() -> dict:
     """The accelerator DeepSpeed picked and which of its ops can be built here, as `ds_report` shows them."""
-    sys.modules["mlflow"] = None  # DeepSpeed's autotuner imports mlflow when it can (2 s of CPU); the report needs none of it
+    sys.modules["mlflow"] = (
+        None  # DeepSpeed's autotuner imports mlflow when it can (2 s of CPU); the report needs none of it
+    )
     from deepspeed.accelerator import get_accelerator
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
-    ops = {name: bool(builder.is_compatible(verbose=False)) for name, builder in ALL_OPS.items()
-           if name != "deepspeed_not_implemented"}
+    ops = {
+        name: bool(builder.is_compatible(verbose=False))
+        for name, builder in ALL_OPS.items()
+        if name != "deepspeed_not_implemented"
+    }
     return {"accelerator": get_accelerator().device_name(), "ops": ops}
 
 
 def deepspeed_check(result: dict, has_gpu: bool) -> Check:
     if "error" in result:
-        return Check(name="deepspeed accelerator", status="fail", finding=f"deepspeed does not load: {result['error']}",
-                     fix="run `ds_report` for details; reinstall with `pip install --force-reinstall deepspeed`")
+        return Check(
+            name="deepspeed accelerator",
+            status="fail",
+            finding=f"deepspeed does not load: {result['error']}",
+            fix="run `ds_report` for details; reinstall with `pip install --force-reinstall deepspeed`",
+        )
     ops = result["ops"]
     compatible = [name for name, ok in ops.items() if ok]
     finding = f"{result['accelerator']}; ops buildable: {len(compatible)}/{len(ops)}"
@@ -141,9 +177,12 @@ def deepspeed_check(result: dict, has_gpu: bool) -> Check:
         finding += f" (not: {', '.join(name for name, ok in ops.items() if not ok)})"
     expected = "cuda" if has_gpu else "cpu"
     if result["accelerator"] != expected:
-        return Check(name="deepspeed accelerator", status="fail",
-                     finding=f"{finding}; this machine needs the {expected} accelerator",
-                     fix=f"set DS_ACCELERATOR={expected} (or unset it)")
+        return Check(
+            name="deepspeed accelerator",
+            status="fail",
+            finding=f"{finding}; this machine needs the {expected} accelerator",
+            fix=f"set DS_ACCELERATOR={expected} (or unset it)",
+        )
     return Check(name="deepspeed accelerator", status="ok", finding=finding)
 
 
@@ -189,10 +228,15 @@ def _all_reduce_rank(rank: int, backend: str, port: int) -> None:
 
 def all_reduce_check(result: dict, backend: str) -> Check:
     if "error" in result:
-        hint = ("rerun with NCCL_DEBUG=INFO; check /dev/shm and try NCCL_P2P_DISABLE=1" if backend == "nccl"
-                else "check that 127.0.0.1 is reachable; set GLOO_SOCKET_IFNAME=lo")
+        hint = (
+            "rerun with NCCL_DEBUG=INFO; check /dev/shm and try NCCL_P2P_DISABLE=1"
+            if backend == "nccl"
+            else "check that 127.0.0.1 is reachable; set GLOO_SOCKET_IFNAME=lo"
+        )
         return Check(name="all-reduce", status="fail", finding=f"2 processes, {backend}: {result['error']}", fix=hint)
-    return Check(name="all-reduce", status="ok", finding=f"2 processes, {backend}: right sum in {result['seconds']:.1f} s")
+    return Check(
+        name="all-reduce", status="ok", finding=f"2 processes, {backend}: right sum in {result['seconds']:.1f} s"
+    )
 
 
 # -- one RL step (--smoke) ------------------------------------------------------------------
@@ -208,24 +252,43 @@ def rl_step() -> dict:
 
     with tempfile.TemporaryDirectory(prefix="oxrl-doctor-") as folder:
         prompts = write_jsonl(arithmetic_problems(8, seed=0), Path(folder) / "prompts.jsonl")
-        run = resolve_run("rl", sections={
-            "model": {"name_or_path": "oxrl-tiny"},
-            "data": {"train": [{"path": str(prompts)}]},
-            "train": {"alg": "cispo", "steps": 1, "batch_size": 8, "micro_batch_size": 8, "grad_accum": 1},
-            "rollout": {"n_samples": 4, "max_tokens": 8, "max_prompt_len": 64,
-                        "gpu_memory_utilization": 0.1},  # the tiny model needs little (GPU only)
-            "run": {"name": "smoke", "output_dir": folder},
-        })
+        run = resolve_run(
+            "rl",
+            sections={
+                "model": {"name_or_path": "oxrl-tiny"},
+                "data": {"train": [{"path": str(prompts)}]},
+                "train": {"alg": "cispo", "steps": 1, "batch_size": 8, "micro_batch_size": 8, "grad_accum": 1},
+                "rollout": {
+                    "n_samples": 4,
+                    "max_tokens": 8,
+                    "max_prompt_len": 64,
+                    "gpu_memory_utilization": 0.1,
+                },  # the tiny model needs little (GPU only)
+                "run": {"name": "smoke", "output_dir": folder},
+            },
+        )
         start = time.perf_counter()
         summary = train(run, resume=False, console=Console(stderr=True))
         step = summary["history"][-1]
-        return {"seconds": time.perf_counter() - start, "reward_mean": step["reward_mean"], "policy_version": step["policy_version"]}
+        return {
+            "seconds": time.perf_counter() - start,
+            "reward_mean": step["reward_mean"],
+            "policy_version": step["policy_version"],
+        }
 
 
 def rl_step_check(result: dict) -> Check:
     if "error" in result:
-        return Check(name="rl step", status="fail", finding=f"one CISPO step on oxrl-tiny failed: {result['error']}",
-                     fix="fix the failing check above it, or run `oxrl train rl --config examples/cispo_tiny.yaml train.steps=1` "
-                         "to see the whole error")
-    return Check(name="rl step", status="ok", finding=f"one CISPO step on oxrl-tiny (vLLM, reward, DeepSpeed, weight refresh) "
-                                                      f"in {result['seconds']:.0f} s, policy version {result['policy_version']}")
+        return Check(
+            name="rl step",
+            status="fail",
+            finding=f"one CISPO step on oxrl-tiny failed: {result['error']}",
+            fix="fix the failing check above it, or run `oxrl train rl --config examples/cispo_tiny.yaml train.steps=1` "
+            "to see the whole error",
+        )
+    return Check(
+        name="rl step",
+        status="ok",
+        finding=f"one CISPO step on oxrl-tiny (vLLM, reward, DeepSpeed, weight refresh) "
+        f"in {result['seconds']:.0f} s, policy version {result['policy_version']}",
+    )

@@ -23,10 +23,18 @@ def _result(x: float) -> str:
 
 
 def _spec(name: str, what: str) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": what,
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                       "required": ["a", "b"]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": what,
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
 
 
 class Calculator:

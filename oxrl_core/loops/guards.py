@@ -27,7 +27,8 @@ def check_staleness(ages: list[int], bound: int) -> None:
         i, age = stale[0]
         raise StalePolicyError(
             f"sample {i} is {age} policy versions older than the trainer, more than rollout.max_staleness={bound} "
-            f"({len(stale)} of {len(ages)} samples); rollout.force_strict_on_policy=true refuses them")
+            f"({len(stale)} of {len(ages)} samples); rollout.force_strict_on_policy=true refuses them"
+        )
 
 
 def check_no_trained_padding(response_mask: torch.Tensor, attention_mask: torch.Tensor) -> None:
@@ -37,8 +38,10 @@ def check_no_trained_padding(response_mask: torch.Tensor, attention_mask: torch.
     trained_padding = (response_mask > 0) & (attention_mask[:, 1:] == 0)
     if trained_padding.any():
         row = int(trained_padding.any(-1).nonzero()[0])
-        raise ValueError(f"response mask row {row} trains padding: mask {response_mask[row].int().tolist()}, "
-                         f"attention {attention_mask[row].tolist()}")
+        raise ValueError(
+            f"response mask row {row} trains padding: mask {response_mask[row].int().tolist()}, "
+            f"attention {attention_mask[row].tolist()}"
+        )
 
 
 def non_finite(**tensors: torch.Tensor) -> list[str]:

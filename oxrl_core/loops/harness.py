@@ -30,8 +30,8 @@ from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.resolve.run import ResolvedRun
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.judge import Judge
-from oxrl_core.rollout.records import Rollout
 from oxrl_core.rollout.pool import RolloutPool
+from oxrl_core.rollout.records import Rollout
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.build_locks import wait_for_builds
@@ -71,8 +71,13 @@ class Run:
             rewards, errors = [0.0 if r.env_reward is None else r.env_reward for r in rollouts], []
         else:
             responses = [self.tokenizer.decode(r.answer_ids, skip_special_tokens=True) for r in rollouts]
-            rewards, errors = score_samples(self.reward_fn, responses, [records[r.group] for r in rollouts],
-                                            self.config.reward.on_error, self.reward_workers)
+            rewards, errors = score_samples(
+                self.reward_fn,
+                responses,
+                [records[r.group] for r in rollouts],
+                self.config.reward.on_error,
+                self.reward_workers,
+            )
         for r, reward in zip(rollouts, rewards):
             r.reward = reward
         if errors:
@@ -84,7 +89,9 @@ class Run:
         """Step `step`'s checkpoint, with the recipe's `loop_state`: what --resume needs besides the weights."""
         self.position.phase = "checkpoint"
         loop_state = loop_state | {"mlflow_run_id": self.summary["mlflow_run_id"]}
-        self.summary["checkpoint"] = str(save_checkpoint(self.group, self.run_dir, step, final, loop_state, self.model_path))
+        self.summary["checkpoint"] = str(
+            save_checkpoint(self.group, self.run_dir, step, final, loop_state, self.model_path)
+        )
 
 
 class Recipe(Protocol):
@@ -106,36 +113,53 @@ class Recipe(Protocol):
     def train_examples(self) -> int: ...
 
 
-def run_recipe(resolved: ResolvedRun, resume: bool, console: Console, make_recipe: Callable[[Run], Recipe],
-               on_step: StepHook | None = None) -> dict:
+def run_recipe(
+    resolved: ResolvedRun,
+    resume: bool,
+    console: Console,
+    make_recipe: Callable[[Run], Recipe],
+    on_step: StepHook | None = None,
+) -> dict:
     """Run a resolved run to its end (or a signal's stop) and return its summary, also written to summary.json."""
     config, model_path, algorithm = resolved.config, resolved.model_path, resolved.algorithm
     run_dir, _, state, config_yaml = open_run_folder(config, resume)
     if state:
-        console.print(f"resuming from the checkpoint of step {state['step']} ({run_dir / 'ds' / state['tag']})",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"resuming from the checkpoint of step {state['step']} ({run_dir / 'ds' / state['tag']})",
+            highlight=False,
+            soft_wrap=True,
+        )
     # from here on a signal stops the run cleanly; the reward's threads start with its first samples, end with the run
-    with stop_on_signals(run_dir, console) as signals, \
-            ThreadPoolExecutor(config.reward.workers, thread_name_prefix="reward") as reward_workers:
+    with (
+        stop_on_signals(run_dir, console) as signals,
+        ThreadPoolExecutor(config.reward.workers, thread_name_prefix="reward") as reward_workers,
+    ):
         tokenizer, pad_id = load_tokenizer(model_path)
         reward_fn = None
         if algorithm.rewards:  # checked before any engine starts; None: the environment scores
-            reward_fn = resolve_reward(config.reward.func, config.reward.kwargs,
-                                       config.reward.judge if algorithm.loop == "rl" else None)
+            reward_fn = resolve_reward(
+                config.reward.func, config.reward.kwargs, config.reward.judge if algorithm.loop == "rl" else None
+            )
             (run_dir / "reward_errors.jsonl").touch()
-        run = Run(config, model_path, algorithm, console, run_dir, state, tokenizer, pad_id, reward_fn,
-                  reward_workers if config.reward.workers > 1 else None)
+        workers = reward_workers if config.reward.workers > 1 else None
+        run = Run(config, model_path, algorithm, console, run_dir, state, tokenizer, pad_id, reward_fn, workers)
         recipe = make_recipe(run)
         report_data(recipe.reports, run_dir, console)
-        log = MlflowLog(tracking_uri(config.run.tracking_uri, config.run.output_dir), config.run.name,
-                        flatten(config.model_dump(mode="json", by_alias=True)), run_id=state.get("mlflow_run_id"))
-        run.summary |= {"run_dir": str(run_dir), "steps": config.train.steps, "first_step": run.first_step,
-                        "mlflow_run_id": log.run_id, "history": []}
+        params = flatten(config.model_dump(mode="json", by_alias=True))
+        uri = tracking_uri(config.run.tracking_uri, config.run.output_dir)
+        log = MlflowLog(uri, config.run.name, params, run_id=state.get("mlflow_run_id"))
+        run.summary |= {"run_dir": str(run_dir), "steps": config.train.steps, "first_step": run.first_step}
+        run.summary |= {"mlflow_run_id": log.run_id, "history": []}
         wait_for_builds()  # a build lock left on this machine would hold every rank until its hang deadline
-        with crash_report(run_dir, config_yaml) as run.position, log, \
-                ray_cluster(resolved.placement, config.run.hang_timeout_s) as reservation:
+        with (
+            crash_report(run_dir, config_yaml) as run.position,
+            log,
+            ray_cluster(resolved.placement, config.run.hang_timeout_s) as reservation,
+        ):
             run.group, run.pool = start_actors(resolved, run_dir / "logs", reservation)
-            console.print(f"placement: {reservation.record(run_dir, run.group.ranks, run.pool.engines if run.pool else [])}")
+            console.print(
+                f"placement: {reservation.record(run_dir, run.group.ranks, run.pool.engines if run.pool else [])}"
+            )
             if isinstance(reward_fn, Judge):  # started once, beside the rollout engines; never refreshed
                 reward_fn.start(reservation, run_dir, config.train.batch_size)
             if state:
@@ -150,15 +174,17 @@ def run_recipe(resolved: ResolvedRun, resume: bool, console: Console, make_recip
             if config.run.save_final:
                 run.save(last, final=True, loop_state=recipe.loop_state())
             run.group.shutdown()
-        losses = [h["loss"] for h in run.summary["history"] if "loss" in h]
-        run.summary.update(wall_time_s=time.perf_counter() - start, first_loss=losses[0] if losses else None,
-                           last_loss=losses[-1] if losses else None, train_examples=recipe.train_examples(),
-                           skipped_records=sum(len(r.problems) for r in recipe.reports))
+        losses = [h["loss"] for h in run.summary["history"] if "loss" in h] or [None]
+        run.summary.update(wall_time_s=time.perf_counter() - start, first_loss=losses[0], last_loss=losses[-1])
+        skipped = sum(len(r.problems) for r in recipe.reports)
+        run.summary.update(train_examples=recipe.train_examples(), skipped_records=skipped)
         (run_dir / "summary.json").write_text(json.dumps(run.summary, indent=2))
         return run.summary
 
 
-def start_actors(resolved: ResolvedRun, log_dir: Path, reservation: Reservation) -> tuple[TrainGroup, RolloutPool | None]:
+def start_actors(
+    resolved: ResolvedRun, log_dir: Path, reservation: Reservation
+) -> tuple[TrainGroup, RolloutPool | None]:
     """The run's trainer ranks and, if its algorithm samples, its vLLM engines (their KV caches sized for a step's
     samples: an RL batch counts samples, a supervised one prompts)."""
     config, model_path = resolved.config, resolved.model_path
@@ -167,8 +193,17 @@ def start_actors(resolved: ResolvedRun, log_dir: Path, reservation: Reservation)
         return group, None
     step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else config.rollout.n_samples)
     dtype = str(model_dtype(config.model)).removeprefix("torch.")
-    return group, RolloutPool(config.rollout, model_path, dtype, config.train.seed, step_samples,
-                              config.run.hang_timeout_s, log_dir, reservation, group)
+    return group, RolloutPool(
+        config.rollout,
+        model_path,
+        dtype,
+        config.train.seed,
+        step_samples,
+        config.run.hang_timeout_s,
+        log_dir,
+        reservation,
+        group,
+    )
 
 
 def _steps(run: Run, recipe: Recipe, signals: StopSignals, log: MlflowLog, on_step: StepHook | None) -> int:
@@ -191,7 +226,9 @@ def _steps(run: Run, recipe: Recipe, signals: StopSignals, log: MlflowLog, on_st
                 on_step(step, metrics)
             log.log(metrics, step)
             summary["history"].append({"step": step, **metrics})
-            progress.update(bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics[recipe.throughput])
+            progress.update(
+                bar, completed=step, loss=metrics.get("loss", float("nan")), tok_s=metrics[recipe.throughput]
+            )
             if recipe.stopped_early:
                 summary["stopped_early"] = recipe.stopped_early
                 break
@@ -202,4 +239,3 @@ def _steps(run: Run, recipe: Recipe, signals: StopSignals, log: MlflowLog, on_st
             if config.run.checkpoint_every and step % config.run.checkpoint_every == 0 and step != train.steps:
                 run.save(step, final=False, loop_state=recipe.loop_state())
     return last
-

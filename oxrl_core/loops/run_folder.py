@@ -31,10 +31,14 @@ def resume_state(ds_dir: Path) -> dict:
     writing (PARTIAL), or had written but not yet named in `latest`, are removed: the resumed run writes them again."""
     latest = ds_dir / "latest"
     if not latest.is_file():
-        raise OxrlError(f"--resume: {ds_dir.parent} holds no checkpoint ({latest} is missing); run without --resume to start")
+        raise OxrlError(
+            f"--resume: {ds_dir.parent} holds no checkpoint ({latest} is missing); run without --resume to start"
+        )
     tag = latest.read_text().strip()
     state = {"tag": tag, **json.loads((ds_dir / tag / "oxrl_state.json").read_text())}
-    unnamed = [f for f in [*ds_dir.glob("step-*"), *ds_dir.parent.glob("checkpoint-*")] if _step(f.name) > state["step"]]
+    unnamed = [
+        f for f in [*ds_dir.glob("step-*"), *ds_dir.parent.glob("checkpoint-*")] if _step(f.name) > state["step"]
+    ]
     for folder in [*ds_dir.glob(PARTIAL + "*"), *ds_dir.parent.glob(PARTIAL + "*"), *unnamed]:
         shutil.rmtree(folder, ignore_errors=True)
     return state
@@ -76,9 +80,14 @@ def save_checkpoint(group, run_dir: Path, step: int, final: bool, loop_state: di
             raise
         latest = ds_dir / "latest"
         kept = latest.read_text().strip() if latest.is_file() else None
-        raise OxrlError(f"checkpoint of step {step}: no space left on the disk of {run_dir}; "
-                        + (f"the last complete checkpoint ({kept}) is intact: free space and rerun with --resume"
-                           if kept else "no earlier checkpoint exists: free space and run again")) from None
+        raise OxrlError(
+            f"checkpoint of step {step}: no space left on the disk of {run_dir}; "
+            + (
+                f"the last complete checkpoint ({kept}) is intact: free space and rerun with --resume"
+                if kept
+                else "no earlier checkpoint exists: free space and run again"
+            )
+        ) from None
     return hf_dir
 
 
@@ -93,5 +102,7 @@ def _disk_full(error: BaseException, path: Path) -> bool:
 
 def refuse_overwrite(ds_dir: Path) -> dict:
     if (ds_dir / "latest").is_file():
-        raise OxrlError(f"run.name: {ds_dir.parent} already holds a run; pass --resume to continue it or choose another run.name")
+        raise OxrlError(
+            f"run.name: {ds_dir.parent} already holds a run; pass --resume to continue it or choose another run.name"
+        )
     return {}

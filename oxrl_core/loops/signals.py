@@ -40,17 +40,25 @@ class StopSignals:
             return  # sent again: Slurm signals a job's processes more than once, and a job script may pass it on too
         if not self.steps_running or self.received is not None:
             self.received = signum
-            self.stopped_by = f"stopped by {name} during start-up" if not self.steps_running else \
-                f"aborted by a second {name} in the middle of a step"
+            self.stopped_by = (
+                f"stopped by {name} during start-up"
+                if not self.steps_running
+                else f"aborted by a second {name} in the middle of a step"
+            )
             # KeyboardInterrupt, not Stopped: Ray's waits (ray.get) pass on only that one from a signal handler
             raise KeyboardInterrupt
         self.received = signum
-        self.console.print(f"{name}: finishing this step, then a checkpoint and exit (Ctrl-C again aborts at once)",
-                           highlight=False, soft_wrap=True)
+        self.console.print(
+            f"{name}: finishing this step, then a checkpoint and exit (Ctrl-C again aborts at once)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def stop(self, step: int) -> "Stopped":
         """What the loop raises after the checkpoint of `step`."""
-        return Stopped(self.received, f"stopped by {signal.Signals(self.received).name} after step {step}", self.run_dir)
+        return Stopped(
+            self.received, f"stopped by {signal.Signals(self.received).name} after step {step}", self.run_dir
+        )
 
 
 @contextmanager

@@ -17,4 +17,6 @@ def train(run: ResolvedRun, resume: bool, console: Console, on_step: StepHook | 
 
 def recipe_for(algorithm: Algorithm) -> type:
     """The recipe an algorithm's record calls for."""
-    return PolicyGradient if algorithm.loop == "rl" else SelfPlaySupervised if algorithm.self_play else OfflineSupervised
+    return (
+        PolicyGradient if algorithm.loop == "rl" else SelfPlaySupervised if algorithm.self_play else OfflineSupervised
+    )

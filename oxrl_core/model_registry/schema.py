@@ -27,18 +27,29 @@ class RegistryEntry(BaseModel):
     model_type: str = Field(description="config.json `model_type`.")
     model_class: Literal["causal-lm", "image-text-to-text", "audio-text-to-text"]
     params: PositiveInt = Field(description="All parameters (tied weights counted once).")
-    active_params: PositiveInt | None = Field(None, description="Parameters used per token; mixture-of-experts models only.")
+    active_params: PositiveInt | None = Field(
+        None, description="Parameters used per token; mixture-of-experts models only."
+    )
     context_length: PositiveInt = Field(description="max_position_embeddings of the language model.")
     dtype: str = Field(description="The dtype the checkpoint is stored in.")
     vocab_size: PositiveInt = Field(description="Rows of the embedding matrix.")
     chat_template: bool = Field(description="The tokenizer ships a chat template.")
-    oxrl_trainable: bool = Field(description="oxrl's trainer can load it (transformers' AutoModelForCausalLM has a class for it, "
-                                             "or it is a multimodal model whose media oxrl trains: the Qwen-VL families, Idefics3, Qwen2-Audio).")
-    tiny_model: str | None = Field(None, description="The built-in tiny model of its family (same architecture class and "
-                                                     "processor, small widths), on which the tests train it end to end.")
-    recommended_mode: Literal["full", "lora"] = Field(description="Full fine-tuning or LoRA, by the rule in scout.recommend_mode.")
+    oxrl_trainable: bool = Field(
+        description="oxrl's trainer can load it (transformers' AutoModelForCausalLM has a class for it, "
+        "or it is a multimodal model whose media oxrl trains: the Qwen-VL families, Idefics3, Qwen2-Audio)."
+    )
+    tiny_model: str | None = Field(
+        None,
+        description="The built-in tiny model of its family (same architecture class and "
+        "processor, small widths), on which the tests train it end to end.",
+    )
+    recommended_mode: Literal["full", "lora"] = Field(
+        description="Full fine-tuning or LoRA, by the rule in scout.recommend_mode."
+    )
     gpu_memory_gb: PositiveInt = Field(description="Total GPU memory the recommendation was made for.")
-    lora_targets: list[str] = Field(min_length=1, description="Linear layers of the language model that get LoRA adapters by default.")
+    lora_targets: list[str] = Field(
+        min_length=1, description="Linear layers of the language model that get LoRA adapters by default."
+    )
     status: Literal["config-ready", "verified"] = "config-ready"
     verified_date: date | None = Field(None, strict=False)  # YAML may hold it as a date or an ISO string
     verified_versions: dict[str, str] | None = None

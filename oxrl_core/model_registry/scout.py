@@ -21,19 +21,33 @@ import torch
 from oxrl_core.data.media import MEDIA_MODEL_TYPES
 from oxrl_core.data.sft import tokenize_sft
 from oxrl_core.errors import OxrlError
-from oxrl_core.models.hub import meta_model
 from oxrl_core.model_registry.schema import RegistryEntry
+from oxrl_core.models.hub import meta_model
 
 FULL_BYTES_PER_PARAM = 16
 ACTIVATION_OVERHEAD = 1.2
 ASSUMED_GPU_MEMORY_GB = 80
 # What scouting a Hub model downloads: configs and tokenizer files, never weights.
-HUB_FILES = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt",
-             "*.tiktoken", "tokenizer.model", "chat_template.*", "preprocessor_config.json", "processor_config.json"]
+HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab*",
+    "merges.txt",
+    "*.tiktoken",
+    "tokenizer.model",
+    "chat_template.*",
+    "preprocessor_config.json",
+    "processor_config.json",
+]
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 # Module-name parts of what is not the language model's attention and MLP blocks.
 NOT_LORA_TARGETS = ("lm_head", "embed", "visual", "vision", "audio", "multi_modal_projector", "connector")
-SAMPLE_CONVERSATION = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "<answer>5</answer>"}]
+SAMPLE_CONVERSATION = [
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "<answer>5</answer>"},
+]
 
 
 @dataclass
@@ -78,22 +92,48 @@ def scout(model: str, trust_remote_code: bool = False) -> ScoutReport:
     findings += template_findings
     text_config = config.get_text_config()
     if len(tokenizer) > text_config.vocab_size:
-        findings.append(Finding("stop", f"the tokenizer has {len(tokenizer)} tokens but the model embeds only vocab_size={text_config.vocab_size}"))
+        findings.append(
+            Finding(
+                "stop",
+                f"the tokenizer has {len(tokenizer)} tokens but the model embeds only vocab_size={text_config.vocab_size}",
+            )
+        )
     vllm_version, vllm_archs = _vllm_architectures()
     vllm_supported = facts["architecture"] in vllm_archs
     if not vllm_supported:
-        findings.append(Finding("warn", f"vLLM {vllm_version} does not support {facts['architecture']}: RL rollouts need it (SFT works without)"))
+        findings.append(
+            Finding(
+                "warn",
+                f"vLLM {vllm_version} does not support {facts['architecture']}: RL rollouts need it (SFT works without)",
+            )
+        )
     if not facts["oxrl_trainable"]:
-        findings.append(Finding("warn", f"oxrl trains causal LMs (AutoModelForCausalLM, which has no class for model_type "
-                                        f"{config.model_type!r}) and the multimodal models {', '.join(MEDIA_MODEL_TYPES)}: "
-                                        "the entry is written, no training configs"))
+        findings.append(
+            Finding(
+                "warn",
+                f"oxrl trains causal LMs (AutoModelForCausalLM, which has no class for model_type "
+                f"{config.model_type!r}) and the multimodal models {', '.join(MEDIA_MODEL_TYPES)}: "
+                "the entry is written, no training configs",
+            )
+        )
     gpu_memory_gb, gpu_note = _gpu_memory()
     entry = RegistryEntry(
-        model=name, **facts, chat_template=bool(tokenizer.chat_template),
-        recommended_mode=recommend_mode(facts["params"], gpu_memory_gb), gpu_memory_gb=gpu_memory_gb,
+        model=name,
+        **facts,
+        chat_template=bool(tokenizer.chat_template),
+        recommended_mode=recommend_mode(facts["params"], gpu_memory_gb),
+        gpu_memory_gb=gpu_memory_gb,
     )
-    special = {k: v for k, v in (("bos", tokenizer.bos_token), ("eos", tokenizer.eos_token), ("pad", tokenizer.pad_token),
-                                 ("unk", tokenizer.unk_token)) if v is not None}
+    special = {
+        k: v
+        for k, v in (
+            ("bos", tokenizer.bos_token),
+            ("eos", tokenizer.eos_token),
+            ("pad", tokenizer.pad_token),
+            ("unk", tokenizer.unk_token),
+        )
+        if v is not None
+    }
     return ScoutReport(entry, folder, special, rendered, vllm_supported, vllm_version, gpu_note, findings)
 
 
@@ -112,10 +152,14 @@ def _locate(model: str) -> tuple[Path, str]:
     try:
         return Path(snapshot_download(model, allow_patterns=HUB_FILES)), model
     except LocalEntryNotFoundError:
-        raise OxrlError(f"{model}: not in the Hugging Face cache, and the Hub cannot be reached (offline: HF_HUB_OFFLINE is set "
-                        "or no network); download it once online or give a local folder") from None
+        raise OxrlError(
+            f"{model}: not in the Hugging Face cache, and the Hub cannot be reached (offline: HF_HUB_OFFLINE is set "
+            "or no network); download it once online or give a local folder"
+        ) from None
     except HfHubHTTPError as e:
-        raise OxrlError(f"{model}: the Hub refused it ({str(e).splitlines()[0]}); check the id, and HF_TOKEN for gated models") from None
+        raise OxrlError(
+            f"{model}: the Hub refused it ({str(e).splitlines()[0]}); check the id, and HF_TOKEN for gated models"
+        ) from None
 
 
 def _read_config(folder: Path, trust_remote_code: bool):
@@ -126,10 +170,18 @@ def _read_config(folder: Path, trust_remote_code: bool):
     except OSError as e:
         raise OxrlError(f"{folder}/config.json: {str(e).splitlines()[0]}") from None
     except (ValueError, KeyError) as e:
-        hint = "" if trust_remote_code else "; if the repository ships its own model code, pass --trust-remote-code (it runs that code)"
-        raise OxrlError(f"{folder}/config.json: transformers cannot build this model ({str(e).splitlines()[0]}){hint}") from None
+        hint = (
+            ""
+            if trust_remote_code
+            else "; if the repository ships its own model code, pass --trust-remote-code (it runs that code)"
+        )
+        raise OxrlError(
+            f"{folder}/config.json: transformers cannot build this model ({str(e).splitlines()[0]}){hint}"
+        ) from None
     if not config.architectures:
-        raise OxrlError(f"{folder}/config.json: no `architectures` entry; it names the model class the checkpoint was saved from")
+        raise OxrlError(
+            f"{folder}/config.json: no `architectures` entry; it names the model class the checkpoint was saved from"
+        )
     return config
 
 
@@ -138,8 +190,13 @@ def _model_facts(config, folder: str, trust_remote_code: bool) -> dict:
     from transformers import AutoModelForMultimodalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    model_class = ("image-text-to-text" if hasattr(config, "vision_config")
-                   else "audio-text-to-text" if hasattr(config, "audio_config") else "causal-lm")
+    model_class = (
+        "image-text-to-text"
+        if hasattr(config, "vision_config")
+        else "audio-text-to-text"
+        if hasattr(config, "audio_config")
+        else "causal-lm"
+    )
     try:
         if model_class == "causal-lm":
             model = meta_model(folder, trust_remote_code)
@@ -147,7 +204,9 @@ def _model_facts(config, folder: str, trust_remote_code: bool) -> dict:
             with torch.device("meta"):
                 model = AutoModelForMultimodalLM.from_config(config, trust_remote_code=trust_remote_code)
     except ValueError as e:  # the model's code refuses the config
-        raise OxrlError(f"{folder}/config.json: transformers cannot build {config.architectures[0]} from it ({str(e).splitlines()[0]})") from None
+        raise OxrlError(
+            f"{folder}/config.json: transformers cannot build {config.architectures[0]} from it ({str(e).splitlines()[0]})"
+        ) from None
     text_config = config.get_text_config()
     params = sum(p.numel() for p in model.parameters())
     dtype = getattr(config, "dtype", None) or text_config.dtype
@@ -160,16 +219,23 @@ def _model_facts(config, folder: str, trust_remote_code: bool) -> dict:
         "context_length": text_config.max_position_embeddings,
         "dtype": str(dtype or "float32").removeprefix("torch."),
         "vocab_size": text_config.vocab_size,
-        "oxrl_trainable": config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in MEDIA_MODEL_TYPES
-                          or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}),
+        "oxrl_trainable": config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        or config.model_type in MEDIA_MODEL_TYPES
+        or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}),
         "lora_targets": _lora_targets(model),
     }
 
 
 def _active_params(model: torch.nn.Module, text_config, params: int) -> int | None:
     """Parameters one token passes through (embeddings and any vision tower included): all but the unrouted experts."""
-    experts = next((getattr(text_config, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                    if getattr(text_config, k, None)), None)
+    experts = next(
+        (
+            getattr(text_config, k)
+            for k in ("num_experts", "num_local_experts", "n_routed_experts")
+            if getattr(text_config, k, None)
+        ),
+        None,
+    )
     if experts is None:
         return None
     expert_params = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
@@ -205,19 +271,34 @@ def _generation_eos_ids(folder: Path, config) -> set[int]:
 
 def _eos_findings(tokenizer, eos_ids: set[int]) -> list[Finding]:
     if tokenizer.eos_token is None:
-        return [Finding("stop", "the tokenizer has no EOS token (eos_token in tokenizer_config.json): "
-                                "generation would not stop and SFT could not teach the model to stop")]
+        return [
+            Finding(
+                "stop",
+                "the tokenizer has no EOS token (eos_token in tokenizer_config.json): "
+                "generation would not stop and SFT could not teach the model to stop",
+            )
+        ]
     if eos_ids and tokenizer.eos_token_id not in eos_ids:
-        return [Finding("warn", f"EOS mismatch: the tokenizer's EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) is not "
-                                f"among the ids generation stops on, {sorted(eos_ids)} (generation_config.json, else config.json)")]
+        return [
+            Finding(
+                "warn",
+                f"EOS mismatch: the tokenizer's EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) is not "
+                f"among the ids generation stops on, {sorted(eos_ids)} (generation_config.json, else config.json)",
+            )
+        ]
     return []
 
 
 def _chat_findings(tokenizer, stop_ids: set[int]) -> tuple[list[Finding], str | None]:
     """Problems with the chat template as SFT uses it, and the sample conversation as it renders it."""
     if not tokenizer.chat_template:
-        return [Finding("stop", "no chat template (chat_template in tokenizer_config.json or chat_template.jinja): "
-                                "SFT and RL render every record with it; use an instruct model or add one")], None
+        return [
+            Finding(
+                "stop",
+                "no chat template (chat_template in tokenizer_config.json or chat_template.jinja): "
+                "SFT and RL render every record with it; use an instruct model or add one",
+            )
+        ], None
     try:
         example = tokenize_sft(SAMPLE_CONVERSATION, tokenizer, max_len=10**6)
     except ValueError as e:  # the same checks SFT data loading makes
@@ -225,8 +306,13 @@ def _chat_findings(tokenizer, stop_ids: set[int]) -> tuple[list[Finding], str | 
     response = {t for t, m in zip(example.input_ids, example.target_mask) if m}
     findings = []
     if stop_ids and not stop_ids & response:
-        findings.append(Finding("warn", f"the chat template ends the assistant turn with none of the stop ids {sorted(stop_ids)}: "
-                                        "the model may not learn to stop"))
+        findings.append(
+            Finding(
+                "warn",
+                f"the chat template ends the assistant turn with none of the stop ids {sorted(stop_ids)}: "
+                "the model may not learn to stop",
+            )
+        )
     return findings, tokenizer.apply_chat_template(SAMPLE_CONVERSATION, tokenize=False)
 
 

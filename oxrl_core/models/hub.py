@@ -23,7 +23,9 @@ def resolve_model(name_or_path: str, key: str = "model.name_or_path") -> str:
             raise OxrlError(f"{key}={name_or_path!r}: folder has no config.json; expected a Hugging Face model folder")
         return str(path.resolve())
     if path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
-        raise OxrlError(f"{key}={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}")
+        raise OxrlError(
+            f"{key}={name_or_path!r}: no such folder; give a model folder, a Hub id (org/name) or {TINY_MODEL_NAME}"
+        )
     from transformers import AutoConfig
 
     try:

@@ -44,8 +44,15 @@ class MergeReport:
     files: list[str]  # what the output folder holds
 
 
-def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str = "auto", max_shard_size: str = "2GB",
-                  atol: float = 1e-4, check: bool = True) -> MergeReport:
+def merge_adapter(
+    adapter: Path,
+    out: Path,
+    base: str | None = None,
+    dtype: str = "auto",
+    max_shard_size: str = "2GB",
+    atol: float = 1e-4,
+    check: bool = True,
+) -> MergeReport:
     """Merge the LoRA adapter folder `adapter` into its base and write the merged model to `out`.
 
     `base` defaults to the adapter's recorded `base_model_name_or_path`. The base loads in
@@ -61,38 +68,59 @@ def merge_adapter(adapter: Path, out: Path, base: str | None = None, dtype: str 
     if dtype not in DTYPES:
         raise OxrlError(f"--dtype {dtype!r}: not a dtype oxrl writes; allowed: {', '.join(DTYPES)}")
     if not SHARD_SIZE.fullmatch(max_shard_size):
-        raise OxrlError(f"--max-shard-size {max_shard_size!r}: not a size; give a whole number and a unit, e.g. 2GB or 500MB")
+        raise OxrlError(
+            f"--max-shard-size {max_shard_size!r}: not a size; give a whole number and a unit, e.g. 2GB or 500MB"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OxrlError(f"--out {out}: already exists and is not an empty folder; choose a new folder")
     peft_config, weights = _read_adapter(adapter)
     task_type = peft_config.task_type or "CAUSAL_LM"  # adapters saved without one wrap a plain causal LM
     if task_type not in MODEL_CLASSES:
-        raise OxrlError(f"{adapter}: adapter task_type {task_type!r} cannot be merged by oxrl; allowed: {', '.join(MODEL_CLASSES)}")
+        raise OxrlError(
+            f"{adapter}: adapter task_type {task_type!r} cannot be merged by oxrl; allowed: {', '.join(MODEL_CLASSES)}"
+        )
     base_path = _resolve_base(adapter, base, peft_config.base_model_name_or_path)
     tokenizer_from = str(adapter) if _has_tokenizer(adapter) else base_path
     tokenizer, pad_id = load_tokenizer(tokenizer_from)
     head = _head_config(adapter, weights, pad_id) if task_type == "SEQ_CLS" else {}
     base_config = transformers.AutoConfig.from_pretrained(base_path, **head)
     multimodal = is_multimodal_config(base_config)  # a model that reads images or audio, its processor kept
-    model_class = transformers.AutoModelForMultimodalLM if multimodal else getattr(transformers, MODEL_CLASSES[task_type])
+    model_class = (
+        transformers.AutoModelForMultimodalLM if multimodal else getattr(transformers, MODEL_CLASSES[task_type])
+    )
     if base is not None:
         _check_same_architecture(adapter, base_path, base_config, peft_config.base_model_name_or_path)
     _check_adapter_fits(adapter, peft_config, weights, model_class, base_config, base_path)
     out_dtype = (base_config.dtype or torch.float32) if dtype == "auto" else getattr(torch, dtype)
 
-    model = PeftModel.from_pretrained(model_class.from_pretrained(base_path, config=base_config, dtype=torch.float32), adapter).eval()
+    model = PeftModel.from_pretrained(
+        model_class.from_pretrained(base_path, config=base_config, dtype=torch.float32), adapter
+    ).eval()
     inputs = _check_inputs(tokenizer) if check else []
     with torch.no_grad():
         applied = [model(input_ids=ids).logits.float() for ids in inputs]  # [1, T, vocab] (SEQ_CLS: [1, num_labels])
         merged = model.merge_and_unload()
-        diff = max(((merged(input_ids=ids).logits.float() - ref).abs().max().item() for ids, ref in zip(inputs, applied)),
-                   default=None)
+        diff = max(
+            ((merged(input_ids=ids).logits.float() - ref).abs().max().item() for ids, ref in zip(inputs, applied)),
+            default=None,
+        )
     if diff is not None and diff > atol:
-        raise OxrlError(f"{adapter}: merged logits differ from the adapter-applied ones by {diff:.3g} > --atol {atol:g}; nothing written")
+        raise OxrlError(
+            f"{adapter}: merged logits differ from the adapter-applied ones by {diff:.3g} > --atol {atol:g}; nothing written"
+        )
     processor = transformers.AutoProcessor.from_pretrained(tokenizer_from) if multimodal else tokenizer
     files = _write_atomically(out, merged.to(out_dtype), processor, max_shard_size)
-    return MergeReport(adapter, base_path, task_type, sum(".lora_A." in n or "lora_embedding_A" in n for n in weights),
-                       str(out_dtype).removeprefix("torch."), diff, tokenizer_from, out, files)
+    return MergeReport(
+        adapter,
+        base_path,
+        task_type,
+        sum(".lora_A." in n or "lora_embedding_A" in n for n in weights),
+        str(out_dtype).removeprefix("torch."),
+        diff,
+        tokenizer_from,
+        out,
+        files,
+    )
 
 
 def _read_adapter(adapter: Path):
@@ -101,18 +129,32 @@ def _read_adapter(adapter: Path):
     from peft.utils import load_peft_weights
 
     if not adapter.is_dir():
-        raise OxrlError(f"{adapter}: no such folder; give a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
+        raise OxrlError(
+            f"{adapter}: no such folder; give a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)"
+        )
     if not (adapter / "adapter_config.json").is_file():
-        found = "a full model (config.json), not an adapter" if (adapter / "config.json").is_file() else "no adapter_config.json"
-        raise OxrlError(f"{adapter}: not a PEFT adapter folder ({found}); give the folder a LoRA run saved (e.g. <run>/final)")
+        found = (
+            "a full model (config.json), not an adapter"
+            if (adapter / "config.json").is_file()
+            else "no adapter_config.json"
+        )
+        raise OxrlError(
+            f"{adapter}: not a PEFT adapter folder ({found}); give the folder a LoRA run saved (e.g. <run>/final)"
+        )
     if not any((adapter / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
-        raise OxrlError(f"{adapter}: adapter_config.json but no adapter_model.safetensors (or .bin); the adapter is incomplete")
+        raise OxrlError(
+            f"{adapter}: adapter_config.json but no adapter_model.safetensors (or .bin); the adapter is incomplete"
+        )
     try:
         peft_config = PeftConfig.from_pretrained(adapter)
     except (ValueError, TypeError) as e:  # not JSON, or fields peft does not know
-        raise OxrlError(f"{adapter}/adapter_config.json: not a PEFT adapter config ({str(e).splitlines()[0][:160]})") from None
+        raise OxrlError(
+            f"{adapter}/adapter_config.json: not a PEFT adapter config ({str(e).splitlines()[0][:160]})"
+        ) from None
     if peft_config.peft_type != "LORA":
-        raise OxrlError(f"{adapter}: peft_type {peft_config.peft_type.value!r} is not LoRA; oxrl merges LORA adapters only")
+        raise OxrlError(
+            f"{adapter}: peft_type {peft_config.peft_type.value!r} is not LoRA; oxrl merges LORA adapters only"
+        )
     return peft_config, load_peft_weights(str(adapter), device="cpu")
 
 
@@ -122,7 +164,11 @@ def _resolve_base(adapter: Path, base: str | None, recorded: str | None) -> str:
     try:
         return resolve_model(base if base is not None else recorded)
     except OxrlError as e:
-        where = "--base" if base is not None else f"{adapter}/adapter_config.json's base_model_name_or_path (pass --base to use another)"
+        where = (
+            "--base"
+            if base is not None
+            else f"{adapter}/adapter_config.json's base_model_name_or_path (pass --base to use another)"
+        )
         raise OxrlError(f"base model from {where}: {e}") from None
 
 
@@ -142,15 +188,23 @@ def _check_same_architecture(adapter: Path, base_path: str, base_config, recorde
         return  # the recorded base is gone or was never local: the shape check below still runs
     kinds = [(c.model_type, c.architectures) for c in (trained, base_config)]
     if kinds[0] != kinds[1]:
-        raise OxrlError(f"--base {base_path}: model_type {kinds[1][0]!r} {kinds[1][1]}, but {adapter} was trained on {recorded}: "
-                        f"model_type {kinds[0][0]!r} {kinds[0][1]}; give a base of the same architecture")
+        raise OxrlError(
+            f"--base {base_path}: model_type {kinds[1][0]!r} {kinds[1][1]}, but {adapter} was trained on {recorded}: "
+            f"model_type {kinds[0][0]!r} {kinds[0][1]}; give a base of the same architecture"
+        )
 
 
 def _head_config(adapter: Path, weights: dict, pad_id: int) -> dict:
     """A SEQ_CLS adapter saves its classification head whole; the base gets a head of that size (config overrides)."""
-    heads = [t for name, t in weights.items() if name.removeprefix("base_model.model.") in ("score.weight", "classifier.weight")]
+    heads = [
+        t
+        for name, t in weights.items()
+        if name.removeprefix("base_model.model.") in ("score.weight", "classifier.weight")
+    ]
     if not heads:
-        raise OxrlError(f"{adapter}: task_type SEQ_CLS but the adapter holds no score/classifier head; nothing to merge it into")
+        raise OxrlError(
+            f"{adapter}: task_type SEQ_CLS but the adapter holds no score/classifier head; nothing to merge it into"
+        )
     return {"num_labels": heads[0].shape[0], "pad_token_id": pad_id}
 
 
@@ -169,22 +223,34 @@ def _check_adapter_fits(adapter: Path, peft_config, weights: dict, model_class, 
     try:
         wrapped = get_peft_model(skeleton, copy.deepcopy(peft_config), low_cpu_mem_usage=True)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model ..."
-        raise OxrlError(f"{adapter}: its target modules {sorted(peft_config.target_modules or [])} do not fit {what}: "
-                        f"{str(e).splitlines()[0]}; give the base the adapter was trained on") from None
-    expected = get_peft_model_state_dict(wrapped, save_embedding_layers=True)  # with the embeddings: a resized vocabulary shows
+        raise OxrlError(
+            f"{adapter}: its target modules {sorted(peft_config.target_modules or [])} do not fit {what}: "
+            f"{str(e).splitlines()[0]}; give the base the adapter was trained on"
+        ) from None
+    expected = get_peft_model_state_dict(
+        wrapped, save_embedding_layers=True
+    )  # with the embeddings: a resized vocabulary shows
     for name, tensor in weights.items():
         if name not in expected:
-            raise OxrlError(f"{adapter}: adapter tensor {name} has no counterpart in {what}; give the base the adapter was trained on")
+            raise OxrlError(
+                f"{adapter}: adapter tensor {name} has no counterpart in {what}; give the base the adapter was trained on"
+            )
         if expected[name].shape != tensor.shape:
-            raise OxrlError(f"{adapter}: adapter tensor {name} has shape {list(tensor.shape)}, {what} needs {list(expected[name].shape)}: "
-                            "the adapter was trained on a model of another size; give the base it was trained on")
+            raise OxrlError(
+                f"{adapter}: adapter tensor {name} has shape {list(tensor.shape)}, {what} needs {list(expected[name].shape)}: "
+                "the adapter was trained on a model of another size; give the base it was trained on"
+            )
 
 
 def _check_inputs(tokenizer) -> list[torch.Tensor]:
     """Fixed token sequences ([1, T] each): plain text, and a user turn through the chat template when there is one."""
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in CHECK_TEXTS]
     if tokenizer.chat_template:
-        ids.append(tokenizer.apply_chat_template([{"role": "user", "content": CHECK_TEXTS[1]}], add_generation_prompt=True)["input_ids"])
+        ids.append(
+            tokenizer.apply_chat_template([{"role": "user", "content": CHECK_TEXTS[1]}], add_generation_prompt=True)[
+                "input_ids"
+            ]
+        )
     return [torch.tensor([x]) for x in ids]
 
 

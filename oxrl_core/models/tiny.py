@@ -45,14 +45,19 @@ COMPLETE_MARKER = ".oxrl-tiny-complete"  # written last: a folder holding it is 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # Idefics3's: an image's tiles are framed by <fake_token_around_image> and named <row_i_col_j>, the whole by <global-img>
-IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
-                   *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
+IDEFICS3_TOKENS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+]
 AUDIO_TOKENS = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 # ChatML without a default system message. Tools offered (multi-turn RL, envs/) are listed in a system message
 # first, compactly (a tiny model's context is short): `name(arguments): description` a line. The policy calls one as
 # Qwen's models do, with a JSON object in <tool_call> tags; a `tool` message is a turn of its own.
 CHATML_TEMPLATE = (
-    "{% if tools %}{{ '<|im_start|>system\nTools, called as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>:\n' }}"
+    '{% if tools %}{{ \'<|im_start|>system\nTools, called as <tool_call>{"name": ..., "arguments": {...}}</tool_call>:\n\' }}'
     "{% for tool in tools %}{{ tool.function.name + '(' + tool.function.parameters.properties | join(', ') + '): ' "
     "+ tool.function.description + '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
@@ -119,7 +124,9 @@ def build_tiny_model(path: Path, name: str = TINY_MODEL_NAME) -> Path:
             return path
         if not path.is_dir():
             raise
-        raise OxrlError(f"{path}: folder exists but holds no complete {TINY_MODEL_NAME} build; remove it to rebuild") from None
+        raise OxrlError(
+            f"{path}: folder exists but holds no complete {TINY_MODEL_NAME} build; remove it to rebuild"
+        ) from None
     return path
 
 
@@ -139,39 +146,76 @@ def _write_model(folder: Path) -> None:
     tokenizer = _train_tokenizer()
     tokenizer.save_pretrained(folder)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=256, max_position_embeddings=1024, tie_word_embeddings=True, rms_norm_eps=1e-6,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, dtype="float32",
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
     )
     _save_seeded(Qwen2ForCausalLM, config, folder)
 
 
 def _write_vision_model(folder: Path) -> None:
-    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
-                              Qwen2VLVideoProcessor)
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
     tokenizer = _train_tokenizer(VISION_TOKENS, CHATML_VL_TEMPLATE)
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     config = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=256,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
             # M-RoPE: the 32 rotary frequencies of a 64-wide head split over (time, height, width)
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id),
-        vision_config=dict(depth=2, embed_dim=64, num_heads=1, mlp_ratio=2, hidden_size=128, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, dtype="float32",
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=2,
+            embed_dim=64,
+            num_heads=1,
+            mlp_ratio=2,
+            hidden_size=128,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        dtype="float32",
     )
     _save_seeded(Qwen2VLForConditionalGeneration, config, folder)
     # Small images: at least 2x2 and at most 16x16 image tokens (56x56 to 448x448 pixels).
     images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=448 * 448)
-    Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
-                     chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+    Qwen2VLProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=CHATML_VL_TEMPLATE,
+    ).save_pretrained(folder)
 
 
 def _write_qwen3_vision_model(folder: Path) -> None:
@@ -182,26 +226,55 @@ def _write_qwen3_vision_model(folder: Path) -> None:
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     config = Qwen3VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=64, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=64,
+            intermediate_size=256,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
             # M-RoPE as Qwen3-VL has it: the 32 frequencies interleaved over (time, height, width)
-            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [8, 12, 12],
-                             "mrope_interleaved": True},
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id),
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5e6,
+                "mrope_section": [8, 12, 12],
+                "mrope_interleaved": True,
+            },
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
         # deepstack: both blocks' merged features are added to the first two decoder layers' inputs
-        vision_config=dict(depth=2, hidden_size=64, num_heads=1, intermediate_size=128, patch_size=16,
-                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=128, num_position_embeddings=64,
-                           deepstack_visual_indexes=[0, 1]),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, dtype="float32",
+        vision_config=dict(
+            depth=2,
+            hidden_size=64,
+            num_heads=1,
+            intermediate_size=128,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        dtype="float32",
     )
     _save_seeded(Qwen3VLForConditionalGeneration, config, folder)
     # Small images: at least 2x2 and at most 16x16 image tokens (64x64 to 512x512 pixels).
     images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=512 * 512)
-    Qwen3VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(),
-                     chat_template=CHATML_VL_TEMPLATE).save_pretrained(folder)
+    Qwen3VLProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(),
+        chat_template=CHATML_VL_TEMPLATE,
+    ).save_pretrained(folder)
 
 
 def _write_smolvlm_model(folder: Path) -> None:
@@ -210,59 +283,109 @@ def _write_smolvlm_model(folder: Path) -> None:
     tokenizer = _train_tokenizer(IDEFICS3_TOKENS, CHATML_IDEFICS3_TEMPLATE)
     config = Idefics3Config(
         text_config=dict(
-            model_type="llama", vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
+            model_type="llama",
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=256,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 1e5},
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True),
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+        ),
         # a tile of 64x64 pixels is 4x4 patches of 16, 2x2 of them shuffled into one token: 4 image tokens a tile
-        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
-                           image_size=64, patch_size=16),
-        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True, dtype="float32",
+        vision_config=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            image_size=64,
+            patch_size=16,
+        ),
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        dtype="float32",
     )
     _save_seeded(Idefics3ForConditionalGeneration, config, folder)
     # An image is resized to at most 128 pixels a side and split into 64x64 tiles (at most 2x2) plus the whole
     # image shrunk to one tile, as SmolVLM splits into 384-pixel tiles.
     images = Idefics3ImageProcessor(size={"longest_edge": 128}, max_image_size={"longest_edge": 64})
-    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
-                      chat_template=CHATML_IDEFICS3_TEMPLATE).save_pretrained(folder)
+    Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=4, chat_template=CHATML_IDEFICS3_TEMPLATE
+    ).save_pretrained(folder)
 
 
 def _write_audio_model(folder: Path) -> None:
-    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
-                              WhisperFeatureExtractor)
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
 
     tokenizer = _train_tokenizer(AUDIO_TOKENS, CHATML_AUDIO_TEMPLATE)
     config = Qwen2AudioConfig(
         text_config=dict(
-            model_type="qwen2", vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, intermediate_size=256, max_position_embeddings=1024, rms_norm_eps=1e-6,
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False),
+            model_type="qwen2",
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=256,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        ),
         # Whisper's encoder, narrow, over Qwen2-Audio's 30 s (vLLM takes no other): 3000 mel frames, 1500 after its
         # strided convolution, 750 after its pooling; a clip of s seconds is 25 s audio tokens
-        audio_config=dict(d_model=64, encoder_layers=2, encoder_attention_heads=1, encoder_ffn_dim=128,
-                          num_mel_bins=80, max_source_positions=1500),
+        audio_config=dict(
+            d_model=64,
+            encoder_layers=2,
+            encoder_attention_heads=1,
+            encoder_ffn_dim=128,
+            num_mel_bins=80,
+            max_source_positions=1500,
+        ),
         # Untied, as Qwen2-Audio-7B: tied, transformers 5.19 and vLLM 0.32 read the output layer the same way, but
         # transformers 5.17 and vLLM 0.26 did not (0.25 nats a token apart on text alone, tests/gpu/RESULTS.md)
-        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"), tie_word_embeddings=False, dtype="float32",
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+        tie_word_embeddings=False,
+        dtype="float32",
     )
     _save_seeded(Qwen2AudioForConditionalGeneration, config, folder)
     features = WhisperFeatureExtractor(feature_size=80, sampling_rate=16000)
-    Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer,
-                        chat_template=CHATML_AUDIO_TEMPLATE).save_pretrained(folder)
+    Qwen2AudioProcessor(
+        feature_extractor=features, tokenizer=tokenizer, chat_template=CHATML_AUDIO_TEMPLATE
+    ).save_pretrained(folder)
 
 
-TINY_MODELS = {TINY_MODEL_NAME: _write_model, TINY_VL_MODEL_NAME: _write_vision_model,
-               TINY_QWEN3_VL_MODEL_NAME: _write_qwen3_vision_model, TINY_SMOLVLM_MODEL_NAME: _write_smolvlm_model,
-               TINY_AUDIO_MODEL_NAME: _write_audio_model}  # name -> what builds it
+TINY_MODELS = {
+    TINY_MODEL_NAME: _write_model,
+    TINY_VL_MODEL_NAME: _write_vision_model,
+    TINY_QWEN3_VL_MODEL_NAME: _write_qwen3_vision_model,
+    TINY_SMOLVLM_MODEL_NAME: _write_smolvlm_model,
+    TINY_AUDIO_MODEL_NAME: _write_audio_model,
+}  # name -> what builds it
 
 
 def _corpus() -> list[str]:
     """Text the tokenizer learns from: arithmetic in the demo's format, digits, plain English."""
-    lines = [f"What is {a} + {b}? <answer>{a + b}</answer> What is {a} - {b}? <answer>{a - b}</answer>"
-             for a in range(0, 100, 3) for b in range(0, 100, 7)]
+    lines = [
+        f"What is {a} + {b}? <answer>{a + b}</answer> What is {a} - {b}? <answer>{a - b}</answer>"
+        for a in range(0, 100, 3)
+        for b in range(0, 100, 7)
+    ]
     lines += [str(n) for n in range(1000)]
     lines += [
         "The quick brown fox jumps over the lazy dog.",
@@ -280,15 +403,25 @@ def _train_tokenizer(media_tokens: list[str] = (), template: str = CHATML_TEMPLA
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS + list(media_tokens),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024,
+        special_tokens=SPECIAL_TOKENS + list(media_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator(_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", *media_tokens], chat_template=template, model_max_length=1024,
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", *media_tokens],
+        chat_template=template,
+        model_max_length=1024,
     )

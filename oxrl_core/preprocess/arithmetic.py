@@ -39,8 +39,10 @@ def sft_records(problems: list[dict]) -> list[dict]:
 def off_by_one_sft_records(problems: list[dict], share: float, rng: random.Random) -> list[dict]:
     """`sft_records` whose answer is one too high in about `share` of them, drawn independently per record:
     demonstrations a verifier would catch and imitation cannot."""
-    return [{"prompt": p["prompt"], "completion": f"<answer>{int(p['answer']) + (rng.random() < share)}</answer>"}
-            for p in problems]
+    return [
+        {"prompt": p["prompt"], "completion": f"<answer>{int(p['answer']) + (rng.random() < share)}</answer>"}
+        for p in problems
+    ]
 
 
 def write_jsonl(records: list[dict], path: Path) -> Path:
@@ -59,8 +61,14 @@ def preference_records(problems: list[dict], seed: int) -> list[dict]:
     """prompt/chosen/rejected: the right answer in the `<answer>` format over a wrong number in plain words,
     so a preference is easy to learn (a separable set for DPO-style methods and reward models)."""
     rng = random.Random(seed)
-    return [{"prompt": p["prompt"], "chosen": f"<answer>{p['answer']}</answer>",
-             "rejected": f"I think it is {_wrong_answer(p['answer'], rng)}."} for p in problems]
+    return [
+        {
+            "prompt": p["prompt"],
+            "chosen": f"<answer>{p['answer']}</answer>",
+            "rejected": f"I think it is {_wrong_answer(p['answer'], rng)}.",
+        }
+        for p in problems
+    ]
 
 
 def unpaired_records(problems: list[dict], seed: int) -> list[dict]:
@@ -69,7 +77,9 @@ def unpaired_records(problems: list[dict], seed: int) -> list[dict]:
     records = []
     for pair in preference_records(problems, seed):
         desirable = rng.random() < 0.5
-        records.append({"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"], "label": desirable})
+        records.append(
+            {"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"], "label": desirable}
+        )
     return records
 
 

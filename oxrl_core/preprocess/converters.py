@@ -22,7 +22,9 @@ import math
 
 def gsm8k_record(record: dict) -> dict:
     """{question, answer "... #### 1,234"} -> {prompt, answer: "1234"}: the final number, commas removed."""
-    from oxrl_core.rewards.math import NUMBER  # here, not at the top: the rewards package imports transformers (seconds)
+    from oxrl_core.rewards.math import (
+        NUMBER,
+    )  # here, not at the top: the rewards package imports transformers (seconds)
 
     question, solution = _text(record, "question"), _text(record, "answer")
     if "####" not in solution:
@@ -43,7 +45,11 @@ def math_record(record: dict) -> dict:
         raise ValueError("no complete \\boxed{...} in field 'solution' (MATH marks its final answer with \\boxed)")
     if not answer:
         raise ValueError("empty \\boxed{} in field 'solution'")
-    return {"prompt": problem, "answer": answer, **{k: record[k] for k in ("level", "type") if record.get(k) is not None}}
+    return {
+        "prompt": problem,
+        "answer": answer,
+        **{k: record[k] for k in ("level", "type") if record.get(k) is not None},
+    }
 
 
 def openr1_records(record: dict) -> list[dict]:
@@ -51,17 +57,24 @@ def openr1_records(record: dict) -> list[dict]:
     problem, answer = _text(record, "problem"), _text(record, "answer")
     generations = record.get("generations")
     if not isinstance(generations, list) or not all(isinstance(g, str) for g in generations):
-        raise ValueError(f"field 'generations' must be a list of strings (the reasoning traces), got {generations!r:.80}")
+        raise ValueError(
+            f"field 'generations' must be a list of strings (the reasoning traces), got {generations!r:.80}"
+        )
     verified = _flags(record, "correctness_math_verify", len(generations), required=True)
     judged = _flags(record, "correctness_llama", len(generations), required=False)
     complete = _flags(record, "is_reasoning_complete", len(generations), required=False)
-    kept = [{"prompt": problem, "completion": generation, "answer": answer}
-            for i, generation in enumerate(generations)
-            if (verified[i] or (judged is not None and judged[i])) and (complete is None or complete[i])
-            and generation.strip()]
+    kept = [
+        {"prompt": problem, "completion": generation, "answer": answer}
+        for i, generation in enumerate(generations)
+        if (verified[i] or (judged is not None and judged[i]))
+        and (complete is None or complete[i])
+        and generation.strip()
+    ]
     if not kept:
-        raise ValueError(f"none of the {len(generations)} generations is both verified correct "
-                         "(correctness_math_verify or correctness_llama) and complete (is_reasoning_complete)")
+        raise ValueError(
+            f"none of the {len(generations)} generations is both verified correct "
+            "(correctness_math_verify or correctness_llama) and complete (is_reasoning_complete)"
+        )
     return kept
 
 
@@ -77,14 +90,19 @@ def preference_record(record: dict) -> dict:
 
     for name in ("chosen", "rejected"):
         if record.get(name) is None:
-            raise ValueError(f"missing field {name!r} (a preference record needs 'chosen' and 'rejected')"
-                             f"{_fields_hint(record, name)}")
+            raise ValueError(
+                f"missing field {name!r} (a preference record needs 'chosen' and 'rejected')"
+                f"{_fields_hint(record, name)}"
+            )
     chosen, rejected = record["chosen"], record["rejected"]
     if record.get("prompt") is None or (_is_conversation(chosen) and _is_conversation(rejected)):
         prompt, chosen, rejected = _split_shared_prompt(chosen, rejected)
     else:
-        prompt, chosen, rejected = (_prompt_turns(record["prompt"]), _completion_turns(chosen, "chosen"),
-                                    _completion_turns(rejected, "rejected"))
+        prompt, chosen, rejected = (
+            _prompt_turns(record["prompt"]),
+            _completion_turns(chosen, "chosen"),
+            _completion_turns(rejected, "rejected"),
+        )
     pair = {"prompt": _role_content(prompt), "chosen": _role_content(chosen), "rejected": _role_content(rejected)}
     margin = record.get("margin")
     if margin is not None:
@@ -139,7 +157,9 @@ def _flags(record: dict, name: str, n: int, required: bool) -> list[bool] | None
 
 def _is_conversation(value) -> bool:
     """A whole conversation: a list of messages that starts before the assistant's turn."""
-    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and value[0].get("role") != "assistant"
+    return (
+        isinstance(value, list) and bool(value) and isinstance(value[0], dict) and value[0].get("role") != "assistant"
+    )
 
 
 def _role_content(messages: list[dict]) -> list[dict]:

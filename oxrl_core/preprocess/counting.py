@@ -19,8 +19,10 @@ import base64
 import io
 import random
 
-QUESTIONS = {"image": "How many squares are in the picture? Answer as <answer>N</answer>.",
-             "audio": "How many beeps are in the clip? Answer as <answer>N</answer>."}
+QUESTIONS = {
+    "image": "How many squares are in the picture? Answer as <answer>N</answer>.",
+    "audio": "How many beeps are in the clip? Answer as <answer>N</answer>.",
+}
 SIZE, SQUARE = 56, 12
 COLOURS = [(220, 40, 40), (40, 160, 40), (40, 70, 220), (230, 200, 30)]
 RATE, BEEP_SECONDS = 8000, 0.12
@@ -61,7 +63,7 @@ def beep_clips(n: int, seed: int) -> list[dict]:
         clip = np.zeros(RATE)
         for quarter, pitch in zip(rng.sample(range(4), count), rng.sample(PITCHES, count)):
             start = quarter * RATE // 4 + rng.randint(0, RATE // 4 - len(t))
-            clip[start:start + len(t)] += 0.5 * envelope * np.sin(2 * np.pi * pitch * t)
+            clip[start : start + len(t)] += 0.5 * envelope * np.sin(2 * np.pi * pitch * t)
         flac = io.BytesIO()
         soundfile.write(flac, clip, RATE, format="FLAC")
         problems.append({"audio": base64.b64encode(flac.getvalue()).decode(), "answer": str(count)})
@@ -86,8 +88,12 @@ def sft_records(problems: list[dict], wrong_share: float, seed: int) -> list[dic
         kind, answer = _kind(p), int(p["answer"])
         if rng.random() < wrong_share:
             answer += -1 if answer == 4 else 1
-        records.append({f"{kind}s": [p[kind]], "messages": _prompt(kind) + [
-            {"role": "assistant", "content": f"<answer>{answer}</answer>"}]})
+        records.append(
+            {
+                f"{kind}s": [p[kind]],
+                "messages": _prompt(kind) + [{"role": "assistant", "content": f"<answer>{answer}</answer>"}],
+            }
+        )
     return records
 
 
@@ -97,8 +103,14 @@ def preference_records(problems: list[dict], seed: int) -> list[dict]:
     records = []
     for p in problems:
         kind, wrong = _kind(p), rng.choice([c for c in range(1, 5) if str(c) != p["answer"]])
-        records.append({f"{kind}s": [p[kind]], "prompt": _prompt(kind), "chosen": f"<answer>{p['answer']}</answer>",
-                        "rejected": f"<answer>{wrong}</answer>"})
+        records.append(
+            {
+                f"{kind}s": [p[kind]],
+                "prompt": _prompt(kind),
+                "chosen": f"<answer>{p['answer']}</answer>",
+                "rejected": f"<answer>{wrong}</answer>",
+            }
+        )
     return records
 
 

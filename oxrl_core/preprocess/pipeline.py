@@ -49,9 +49,18 @@ class Manifest:
     dropped: list[dict]  # {row: 1-based line or row number in the source, reason}
 
 
-def preprocess(source: str | None, fmt: str, out: Path, split: str = "train", mapping: dict[str, str] | None = None,
-               subset: str | None = None, strict: bool = False, n: int | None = None, seed: int | None = None,
-               kind: str | None = None) -> Manifest:
+def preprocess(
+    source: str | None,
+    fmt: str,
+    out: Path,
+    split: str = "train",
+    mapping: dict[str, str] | None = None,
+    subset: str | None = None,
+    strict: bool = False,
+    n: int | None = None,
+    seed: int | None = None,
+    kind: str | None = None,
+) -> Manifest:
     """Convert `source` in format `fmt` (or generate arithmetic rows) into <out>/<split>.parquet and its manifest.
 
     Rows that do not convert are dropped and listed in the manifest; with `strict`
@@ -62,7 +71,9 @@ def preprocess(source: str | None, fmt: str, out: Path, split: str = "train", ma
     if fmt not in FORMATS:
         raise OxrlError(f"--format {fmt!r}: unknown; allowed: {', '.join(FORMATS)}")
     if not SPLIT_NAME.fullmatch(split):
-        raise OxrlError(f"--split {split!r}: it names the output file <split>.parquet; use letters, digits, '_', '-', '.'")
+        raise OxrlError(
+            f"--split {split!r}: it names the output file <split>.parquet; use letters, digits, '_', '-', '.'"
+        )
     if fmt == "arithmetic":
         if source is not None or mapping or subset is not None:
             raise OxrlError("--format arithmetic generates its rows: give no SOURCE, --map or --subset")
@@ -74,7 +85,9 @@ def preprocess(source: str | None, fmt: str, out: Path, split: str = "train", ma
         if given:
             raise OxrlError(f"{', '.join(given)}: only for --format arithmetic, not --format {fmt}")
         if source is None:
-            raise OxrlError(f"--format {fmt}: give a SOURCE: a .jsonl/.json/.csv/.parquet file, a saved dataset folder or a Hub dataset id")
+            raise OxrlError(
+                f"--format {fmt}: give a SOURCE: a .jsonl/.json/.csv/.parquet file, a saved dataset folder or a Hub dataset id"
+            )
         data = read_source(source, split, subset)
         name = data.name
         rows, read, dropped = convert_rows(data, fmt, mapping)
@@ -85,11 +98,17 @@ def preprocess(source: str | None, fmt: str, out: Path, split: str = "train", ma
     output = out / f"{split}.parquet"
     pq.write_table(table, output)
     manifest = Manifest(
-        source=name, subset=subset, split=split, format=fmt, mapping=mapping, output=str(output),
+        source=name,
+        subset=subset,
+        split=split,
+        format=fmt,
+        mapping=mapping,
+        output=str(output),
         counts={"read": read, "written": table.num_rows, "dropped": len(dropped)},
         sha256=content_hash(table.to_pylist()),  # the rows as a reader sees them: missing keys are null
         schema={field.name: str(field.type) for field in table.schema},
-        dropped=[{"row": p.line, "reason": p.reason} for p in dropped])
+        dropped=[{"row": p.line, "reason": p.reason} for p in dropped],
+    )
     (out / f"{split}.manifest.json").write_text(json.dumps(asdict(manifest), indent=2, ensure_ascii=False) + "\n")
     return manifest
 
@@ -118,8 +137,10 @@ def convert_rows(source: Source, fmt: str, mapping: dict[str, str]) -> tuple[lis
     """(output rows, source rows read, dropped rows sorted by row number) of one source."""
     unknown = [f"{new}={old}" for new, old in mapping.items() if old not in source.columns]
     if unknown:
-        raise OxrlError(f"--map {', '.join(unknown)}: no such column in {source.name}; "
-                        f"its columns: {', '.join(source.columns) or 'none'}")
+        raise OxrlError(
+            f"--map {', '.join(unknown)}: no such column in {source.name}; "
+            f"its columns: {', '.join(source.columns) or 'none'}"
+        )
     convert = CONVERTERS[fmt]
     rows, dropped, read = [], list(source.problems), len(source.problems)
     for number, record in source.rows:
@@ -159,7 +180,9 @@ def content_hash(rows: list[dict]) -> str:
     """sha256 of rows as canonical JSON lines; values JSON lacks (bytes, dates) count by their str."""
     digest = hashlib.sha256()
     for row in rows:
-        digest.update(json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n")
+        digest.update(
+            json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
+        )
     return digest.hexdigest()
 
 
@@ -172,6 +195,8 @@ def rows_table(rows: list[dict]) -> pa.Table:
             columns[name] = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             types = ", ".join(sorted({type(v).__name__ for v in values if v is not None}))
-            raise OxrlError(f"column {name!r}: its values ({types}) do not make one parquet column "
-                            f"({str(e).splitlines()[0]}); give it one type in every row") from None
+            raise OxrlError(
+                f"column {name!r}: its values ({types}) do not make one parquet column "
+                f"({str(e).splitlines()[0]}); give it one type in every row"
+            ) from None
     return pa.table(columns)

@@ -36,7 +36,9 @@ def read_source(source: str, split: str, subset: str | None) -> Source:
         if not path.is_file():
             raise OxrlError(f"{source}: no such file")
         if subset is not None:
-            raise OxrlError(f"--subset {subset!r}: a file has no subsets; --subset names a configuration of a Hub dataset")
+            raise OxrlError(
+                f"--subset {subset!r}: a file has no subsets; --subset names a configuration of a Hub dataset"
+            )
         return _read_file(path)
     if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
         import datasets
@@ -68,8 +70,13 @@ def _read_csv(path: Path) -> Source:
         try:
             for record in reader:
                 if None in record:  # DictReader files cells beyond the header under the key None
-                    problems.append(DataProblem(str(path), reader.line_num,
-                                                f"{len(reader.fieldnames) + len(record[None])} cells; the header has {len(reader.fieldnames)}"))
+                    problems.append(
+                        DataProblem(
+                            str(path),
+                            reader.line_num,
+                            f"{len(reader.fieldnames) + len(record[None])} cells; the header has {len(reader.fieldnames)}",
+                        )
+                    )
                     continue
                 records.append((reader.line_num, record))
         except (UnicodeDecodeError, csv.Error) as e:
@@ -85,8 +92,11 @@ def _read_json_array(path: Path) -> Source:
     if not isinstance(items, list):
         raise OxrlError(f"{path}: expected a JSON array of objects or JSON lines, got {type(items).__name__}")
     records = [(number, item) for number, item in enumerate(items, start=1) if isinstance(item, dict)]
-    problems = [DataProblem(str(path), number, f"expected a JSON object, got {type(item).__name__}")
-                for number, item in enumerate(items, start=1) if not isinstance(item, dict)]
+    problems = [
+        DataProblem(str(path), number, f"expected a JSON object, got {type(item).__name__}")
+        for number, item in enumerate(items, start=1)
+        if not isinstance(item, dict)
+    ]
     return Source(str(path), _columns(record for _, record in records), records, problems)
 
 
@@ -99,14 +109,23 @@ def _load_dataset(source: str, split: str, subset: str | None):
 
     try:
         return datasets.load_dataset(source, subset, split=split)
-    except (ConnectionError, FileNotFoundError, ValueError) as e:  # offline and not cached, no such dataset, no such split
+    except (
+        ConnectionError,
+        FileNotFoundError,
+        ValueError,
+    ) as e:  # offline and not cached, no such dataset, no such split
         offline = " (offline mode is on: only cached datasets load)" if _offline() else ""
-        raise OxrlError(f"{source}: not a data file ({', '.join(FILE_TYPES)}) or saved dataset folder, and "
-                        f"datasets.load_dataset failed{offline}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise OxrlError(
+            f"{source}: not a data file ({', '.join(FILE_TYPES)}) or saved dataset folder, and "
+            f"datasets.load_dataset failed{offline}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
 
 
 def _offline() -> bool:
-    return any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on") for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(
+        os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    )
 
 
 def _pick_split(dataset, split: str, source: str):

@@ -27,19 +27,30 @@ def placement_request(config: SLConfig | RLConfig, algorithm: Algorithm) -> Plac
     its LLM judge's placement (RL with `reward.func: judge` only)."""
     rollout = config.rollout
     judged = isinstance(config, RLConfig) and config.reward.func == "judge"
-    return PlacementRequest(train_ranks=config.run.train_ranks, engines=rollout.engines if algorithm.generates else 0,
-                            tensor_parallel_size=rollout.tensor_parallel_size, mode=rollout.placement,
-                            judge=config.reward.judge.placement if judged else None)
+    return PlacementRequest(
+        train_ranks=config.run.train_ranks,
+        engines=rollout.engines if algorithm.generates else 0,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        mode=rollout.placement,
+        judge=config.reward.judge.placement if judged else None,
+    )
 
 
 def trainer_spec(config: SLConfig | RLConfig, algorithm: Algorithm) -> TrainerSpec:
     """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models."""
     settings = config.train.settings
-    return TrainerSpec(model=config.model, lora=config.lora, deepspeed=config.deepspeed, train=config.train,
-                       hang_timeout_s=config.run.hang_timeout_s, reference_model=algorithm.reference_model(settings),
-                       critic=algorithm.critic, scalar_head=algorithm.scalar_head,
-                       teacher=settings.teacher if algorithm.teacher else None,
-                       check_grad_overflow=algorithm.loop == "sl")
+    return TrainerSpec(
+        model=config.model,
+        lora=config.lora,
+        deepspeed=config.deepspeed,
+        train=config.train,
+        hang_timeout_s=config.run.hang_timeout_s,
+        reference_model=algorithm.reference_model(settings),
+        critic=algorithm.critic,
+        scalar_head=algorithm.scalar_head,
+        teacher=settings.teacher if algorithm.teacher else None,
+        check_grad_overflow=algorithm.loop == "sl",
+    )
 
 
 def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
@@ -52,8 +63,10 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
             f"x train.grad_accum ({train.grad_accum}) x run.train_ranks ({run.train_ranks}) = {product}"
         )
     if train.logprobs_micro_batch_size is not None and train.logprobs_micro_batch_size % train.micro_batch_size:
-        raise OxrlError(f"train.logprobs_micro_batch_size={train.logprobs_micro_batch_size}: must be a multiple of "
-                        f"train.micro_batch_size ({train.micro_batch_size}); a forward runs whole micro-batches")
+        raise OxrlError(
+            f"train.logprobs_micro_batch_size={train.logprobs_micro_batch_size}: must be a multiple of "
+            f"train.micro_batch_size ({train.micro_batch_size}); a forward runs whole micro-batches"
+        )
     if ds.offload_param and ds.zero_stage != 3:
         raise OxrlError(f"deepspeed.offload_param=true: needs deepspeed.zero_stage=3, got {ds.zero_stage}")
     if ds.offload_optimizer and ds.zero_stage == 0:
@@ -61,7 +74,9 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
     if ds.zero_optimization:
         check_zero_optimization(config, algorithm)
     if isinstance(config, RLConfig) and train.batch_size % config.rollout.n_samples:
-        raise OxrlError(f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})")
+        raise OxrlError(
+            f"train.batch_size={train.batch_size}: must be a multiple of rollout.n_samples ({config.rollout.n_samples})"
+        )
     if not os.environ.get("RAY_ADDRESS"):  # a cluster's GPUs are counted once it is joined, before any engine starts
         decide(placement_request(config, algorithm), local_gpus())
     if algorithm.check:
@@ -69,11 +84,15 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
     rollout = config.rollout
     for key in ("lag", "max_staleness"):
         if isinstance(config, SLConfig) and getattr(rollout, key):
-            raise OxrlError(f"rollout.{key}={getattr(rollout, key)}: pipelined sampling is for `oxrl train rl`; --alg "
-                            f"{train.alg} samples, then trains on what it sampled; remove the setting")
+            raise OxrlError(
+                f"rollout.{key}={getattr(rollout, key)}: pipelined sampling is for `oxrl train rl`; --alg "
+                f"{train.alg} samples, then trains on what it sampled; remove the setting"
+            )
     if rollout.lag and rollout.max_staleness:
-        raise OxrlError(f"rollout.lag={rollout.lag} and rollout.max_staleness={rollout.max_staleness}: choose one, a "
-                        f"fixed lag (reproducible) or asynchronous sampling with a staleness bound (faster)")
+        raise OxrlError(
+            f"rollout.lag={rollout.lag} and rollout.max_staleness={rollout.max_staleness}: choose one, a "
+            f"fixed lag (reproducible) or asynchronous sampling with a staleness bound (faster)"
+        )
     _check_overlong(config)
 
     env = config.rollout.env
@@ -86,14 +105,20 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
     if env.name is not None:
         resolve_env(env.name, env.kwargs)  # importable, and built with its kwargs
     if env.name is not None and env.max_episode_tokens < config.rollout.max_tokens:
-        raise OxrlError(f"rollout.env.max_episode_tokens={env.max_episode_tokens}: must hold at least one full policy "
-                        f"message (rollout.max_tokens={config.rollout.max_tokens})")
+        raise OxrlError(
+            f"rollout.env.max_episode_tokens={env.max_episode_tokens}: must hold at least one full policy "
+            f"message (rollout.max_tokens={config.rollout.max_tokens})"
+        )
 
     if config.lora.enabled and not config.model.freeze_vision:
-        raise OxrlError("model.freeze_vision=false: needs full weights (lora.enabled=false); LoRA adapts the language model "
-                        "and leaves the vision encoder as it is")
+        raise OxrlError(
+            "model.freeze_vision=false: needs full weights (lora.enabled=false); LoRA adapts the language model "
+            "and leaves the vision encoder as it is"
+        )
     if config.reward.func != "judge" and config.reward.judge != JudgeSection():
-        raise OxrlError(f"reward.judge: set, but reward.func={config.reward.func!r}; the judge's settings apply with reward.func=judge")
+        raise OxrlError(
+            f"reward.judge: set, but reward.func={config.reward.func!r}; the judge's settings apply with reward.func=judge"
+        )
 
     for i, source in enumerate(config.data.train):
         _check_data_file(f"data.train.{i}.path", source.path)
@@ -112,8 +137,10 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
 def _check_teacher(teacher: str | None, student_path: str) -> None:
     """KD compares the two models' distributions token by token: they must share one tokenizer."""
     if teacher is None:
-        raise OxrlError("train.kd.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. "
-                        "train.kd.teacher=Qwen/Qwen2.5-7B-Instruct")
+        raise OxrlError(
+            "train.kd.teacher: KD needs a teacher model (a folder, a Hub id or oxrl-tiny), e.g. "
+            "train.kd.teacher=Qwen/Qwen2.5-7B-Instruct"
+        )
     from transformers import AutoTokenizer
 
     teacher_path = resolve_model(teacher, key="train.kd.teacher")
@@ -123,24 +150,34 @@ def _check_teacher(teacher: str | None, student_path: str) -> None:
         differ = sorted(set(teacher_vocab.items()) ^ set(student_vocab.items()), key=lambda kv: kv[1])[:3]
         raise OxrlError(
             f"train.kd.teacher={teacher!r}: its tokenizer differs from the student's ({len(teacher_vocab)} vs {len(student_vocab)} "
-            f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer")
+            f"tokens; e.g. {', '.join(f'{t!r}={i}' for t, i in differ)}); KD needs both models to share one tokenizer"
+        )
 
 
 def _check_overlong(config: SLConfig | RLConfig) -> None:
     buffer = config.reward.overlong_buffer
     if buffer and isinstance(config, SLConfig):
-        raise OxrlError(f"reward.overlong_buffer={buffer}: the overlong penalty shapes RL rewards; --alg "
-                        f"{config.train.alg} does not use it")
+        raise OxrlError(
+            f"reward.overlong_buffer={buffer}: the overlong penalty shapes RL rewards; --alg "
+            f"{config.train.alg} does not use it"
+        )
     env = config.rollout.env
-    limit, where = ((env.max_episode_tokens, "rollout.env.max_episode_tokens") if env.name is not None
-                    else (config.rollout.max_tokens, "rollout.max_tokens"))
+    limit, where = (
+        (env.max_episode_tokens, "rollout.env.max_episode_tokens")
+        if env.name is not None
+        else (config.rollout.max_tokens, "rollout.max_tokens")
+    )
     if buffer > limit:
-        raise OxrlError(f"reward.overlong_buffer={buffer}: must be at most {where} ({limit}), the length it counts back from")
+        raise OxrlError(
+            f"reward.overlong_buffer={buffer}: must be at most {where} ({limit}), the length it counts back from"
+        )
 
 
 def _check_data_file(key: str, path: Path) -> None:
     if path.suffix not in DATA_SUFFIXES:
-        raise OxrlError(f"{key}={str(path)!r}: unsupported file type {path.suffix!r}; allowed: {', '.join(DATA_SUFFIXES)}")
+        raise OxrlError(
+            f"{key}={str(path)!r}: unsupported file type {path.suffix!r}; allowed: {', '.join(DATA_SUFFIXES)}"
+        )
     if not path.is_file():
         raise OxrlError(f"{key}={str(path)!r}: no such file")
 
@@ -160,17 +197,23 @@ def _check_lora_targets(targets: list[str], model_path: str, trust_remote_code: 
     for target in targets:
         # peft's rule: a target matches a module whose full name is it or ends with "." + it
         if not any(name == target or name.endswith("." + target) for name in modules):
-            linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items() if isinstance(m, torch.nn.Linear)} - {"lm_head"})
+            linear = sorted(
+                {n.rsplit(".", 1)[-1] for n, m in modules.items() if isinstance(m, torch.nn.Linear)} - {"lm_head"}
+            )
             raise OxrlError(
-                f"lora.target_modules: {target!r} matches no module of {model_path}; its linear layers are: {', '.join(linear)} (or use all-linear)"
+                f"lora.target_modules: {target!r} matches no module of {model_path}; its linear layers are: "
+                f"{', '.join(linear)} (or use all-linear)"
             )
 
 
 def check_zero_optimization(config: SLConfig | RLConfig, algorithm: Algorithm) -> None:
     """`deepspeed.zero_optimization` merged over oxrl's settings must pass DeepSpeed's schema (DeepSpeedZeroConfig
     forbids unknown keys and checks each value), and leave the stage and offloading to oxrl's own keys."""
-    owned = {"stage": "deepspeed.zero_stage", "offload_optimizer": "deepspeed.offload_optimizer",
-             "offload_param": "deepspeed.offload_param"}
+    owned = {
+        "stage": "deepspeed.zero_stage",
+        "offload_optimizer": "deepspeed.offload_optimizer",
+        "offload_param": "deepspeed.offload_param",
+    }
     for key in config.deepspeed.zero_optimization:
         if key in owned:
             raise OxrlError(f"deepspeed.zero_optimization.{key}: set {owned[key]} instead")
@@ -180,5 +223,7 @@ def check_zero_optimization(config: SLConfig | RLConfig, algorithm: Algorithm) -
         DeepSpeedZeroConfig(**deepspeed_config(trainer_spec(config, algorithm))["zero_optimization"])
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
-        raise OxrlError(f"deepspeed.zero_optimization: {problems} (the keys DeepSpeed takes: "
-                        f"https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)") from None
+        raise OxrlError(
+            f"deepspeed.zero_optimization: {problems} (the keys DeepSpeed takes: "
+            f"https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)"
+        ) from None

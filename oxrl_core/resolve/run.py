@@ -28,8 +28,13 @@ class ResolvedRun:
     trainer: TrainerSpec  # what the trainer ranks are told
 
 
-def resolve_run(loop: Literal["sl", "rl"], path: Path | None = None, overrides: Sequence[str] = (),
-                sections: dict | None = None, machine_defaults: bool = False) -> ResolvedRun:
+def resolve_run(
+    loop: Literal["sl", "rl"],
+    path: Path | None = None,
+    overrides: Sequence[str] = (),
+    sections: dict | None = None,
+    machine_defaults: bool = False,
+) -> ResolvedRun:
     """The run of a config file (`path`, or none), with `sections` (dicts, the Python API's) laid over it and the
     dotted `overrides` (the command line's) applied last; with `machine_defaults`, over what a config file would say
     for this machine (`machine_defaults`). OxrlError, one line, for any mistake."""
@@ -46,8 +51,9 @@ def resolved(config: SLConfig | RLConfig) -> ResolvedRun:
     """The run of a validated config (a benchmark's or a test's, built in Python), checked."""
     algorithm = ALGORITHMS[config.train.alg]
     model_path = check_config(config, algorithm)
-    return ResolvedRun(config, algorithm, model_path, placement_request(config, algorithm),
-                       trainer_spec(config, algorithm))
+    return ResolvedRun(
+        config, algorithm, model_path, placement_request(config, algorithm), trainer_spec(config, algorithm)
+    )
 
 
 def this_machines_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:
@@ -72,5 +78,9 @@ def merged(base: dict, update: dict) -> dict:
     """`update` laid over `base`, section by section (a new dict; neither is changed)."""
     out = copy.deepcopy(base)
     for key, value in update.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+        out[key] = (
+            merged(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else copy.deepcopy(value)
+        )
     return out

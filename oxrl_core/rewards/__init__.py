@@ -18,7 +18,12 @@ from oxrl_core.rewards.code import check_sandbox, code_reward
 from oxrl_core.rewards.math import format_reward, gsm8k_reward, math_reward
 
 RewardFn = Callable[[str, dict], float]
-REWARDS: dict[str, RewardFn] = {"math": math_reward, "gsm8k": gsm8k_reward, "format": format_reward, "code": code_reward}
+REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+    "gsm8k": gsm8k_reward,
+    "format": format_reward,
+    "code": code_reward,
+}
 REWARD_MODEL_KWARGS = ("path", "batch_size")
 
 
@@ -29,8 +34,10 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
     environment of a multi-turn run scores each episode itself."""
     if spec == "env":
         if kwargs:
-            raise OxrlError(f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=env, whose environment "
-                            f"takes rollout.env.kwargs")
+            raise OxrlError(
+                f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=env, whose environment "
+                f"takes rollout.env.kwargs"
+            )
         return None
     if spec == "reward-model":
         return _reward_model(kwargs)
@@ -38,8 +45,10 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
         if judge is None:
             raise OxrlError("reward.func=judge: an LLM judge scores RL rollouts only (oxrl train rl)")
         if kwargs:
-            raise OxrlError(f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=judge, whose settings are "
-                            f"under reward.judge")
+            raise OxrlError(
+                f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=judge, whose settings are "
+                f"under reward.judge"
+            )
         from oxrl_core.rewards.judge import Judge
 
         return Judge(judge)
@@ -54,19 +63,24 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
 def _reward_model(kwargs: dict):
     unknown = sorted(set(kwargs) - set(REWARD_MODEL_KWARGS))
     if unknown:
-        raise OxrlError(f"reward.kwargs: unknown {', '.join(unknown)} for reward.func=reward-model; "
-                        f"allowed: {', '.join(REWARD_MODEL_KWARGS)}")
+        raise OxrlError(
+            f"reward.kwargs: unknown {', '.join(unknown)} for reward.func=reward-model; "
+            f"allowed: {', '.join(REWARD_MODEL_KWARGS)}"
+        )
     if "path" not in kwargs:
-        raise OxrlError("reward.func=reward-model needs reward.kwargs.path: the folder of a reward model "
-                        "(`oxrl train sl --alg rm` makes one)")
+        raise OxrlError(
+            "reward.func=reward-model needs reward.kwargs.path: the folder of a reward model "
+            "(`oxrl train sl --alg rm` makes one)"
+        )
     # Imported here: transformers' model classes take seconds to import and only this reward needs them.
     from oxrl_core.rewards.reward_model import RewardModel
 
     return RewardModel(**kwargs)
 
 
-def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error: float,
-                  workers: Executor | None = None) -> tuple[list[float], list[dict]]:
+def score_samples(
+    reward_fn, responses: list[str], samples: list[dict], on_error: float, workers: Executor | None = None
+) -> tuple[list[float], list[dict]]:
     """Rewards of `responses` to their `samples`, and what went wrong: a user's reward must not end the run, so a
     failure scores `on_error` and comes back as {error, response, sample}. A reward with `score_batch` (a reward
     model, a judge) scores all of them in one call (a failure there spoils that call: every sample gets `on_error`,
@@ -83,8 +97,11 @@ def score_samples(reward_fn, responses: list[str], samples: list[dict], on_error
             raise
         except Exception as e:
             return [on_error] * len(responses), [{"error": repr(e), "response": responses[0], "sample": samples[0]}]
-        return rewards, [{"error": x.reason, "response": response, "sample": sample}
-                         for x, response, sample in zip(scored, responses, samples) if isinstance(x, Unscored)]
+        return rewards, [
+            {"error": x.reason, "response": response, "sample": sample}
+            for x, response, sample in zip(scored, responses, samples)
+            if isinstance(x, Unscored)
+        ]
 
     def score(response: str, sample: dict) -> tuple[float, dict | None]:
         try:

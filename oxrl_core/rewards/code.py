@@ -41,7 +41,7 @@ MAX_PROCESSES = 16  # processes and threads of one jail, the program's own inclu
 # Runs first in the child: read the program, take the jail's last limits, install the audit hook, run the program.
 # argv: the working directory, the program's file; in the jail also its process limit and, started as root, the uid
 # to become.
-GUARD = r'''
+GUARD = r"""
 import os, resource, sys
 ROOT = os.path.realpath(sys.argv[1])
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -82,7 +82,7 @@ if len(sys.argv) > 4:
     os.setresuid(uid, uid, uid)
 sys.addaudithook(guard)
 exec(compile(program, "solution.py", "exec"), {"__name__": "__main__"})
-'''
+"""
 
 
 @dataclass
@@ -101,12 +101,16 @@ def extract_code(response: str) -> str:
 def check_sandbox(sandbox: str) -> None:
     """Raise OxrlError unless `sandbox` can run here; the jail is tried once (a trial run) per process."""
     if sandbox not in SANDBOXES:
-        raise OxrlError(f"reward.kwargs.sandbox={sandbox!r}: not a sandbox of the code reward; allowed: {', '.join(SANDBOXES)}")
+        raise OxrlError(
+            f"reward.kwargs.sandbox={sandbox!r}: not a sandbox of the code reward; allowed: {', '.join(SANDBOXES)}"
+        )
     if sandbox == "jail" and (problem := _jail_problem()):
-        raise OxrlError(f"reward.kwargs.sandbox=jail: the code reward's jail cannot start here ({problem}); it needs bwrap "
-                        f"and the kernel's namespaces (unprivileged user namespaces when not root). To run candidates "
-                        f"under the weaker audit hook instead, which is no boundary against hostile code, set "
-                        f"reward.kwargs.sandbox=audit-hook (oxrl eval: --reward-kwargs '{{\"sandbox\": \"audit-hook\"}}')")
+        raise OxrlError(
+            f"reward.kwargs.sandbox=jail: the code reward's jail cannot start here ({problem}); it needs bwrap "
+            f"and the kernel's namespaces (unprivileged user namespaces when not root). To run candidates "
+            f"under the weaker audit hook instead, which is no boundary against hostile code, set "
+            f'reward.kwargs.sandbox=audit-hook (oxrl eval: --reward-kwargs \'{{"sandbox": "audit-hook"}}\')'
+        )
 
 
 def run_sandboxed(program: str, timeout_s: float = 5.0, memory_mb: int = 512, sandbox: str = "jail") -> SandboxResult:
@@ -135,9 +139,17 @@ def _run(program: str, timeout_s: float, memory_mb: int, jail: bool) -> SandboxR
 
         env = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work}
         try:
-            process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=limit, text=True,
-                                       pass_fds=(info_write,) if jail else ())
+            process = subprocess.Popen(
+                command,
+                cwd=work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=limit,
+                text=True,
+                pass_fds=(info_write,) if jail else (),
+            )
         except BaseException:
             if jail:
                 os.close(info_read)
@@ -187,8 +199,22 @@ def _jail_command(work: str, info_fd: int) -> list[str]:
         elif os.path.isdir(top):
             command += ["--ro-bind", top, top]
     # The interpreter's prefix (its standard library; the venv is not needed under -I), then the one writable place.
-    command += ["--ro-bind", sys.base_prefix, sys.base_prefix, "--bind", work, work, "--proc", "/proc", "--dev", "/dev",
-                "--chdir", work, "--remount-ro", "/"]
+    command += [
+        "--ro-bind",
+        sys.base_prefix,
+        sys.base_prefix,
+        "--bind",
+        work,
+        work,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--chdir",
+        work,
+        "--remount-ro",
+        "/",
+    ]
     guard_args = [work, f"{work}/solution.py", str(MAX_PROCESSES)]
     if os.getuid() == 0:
         # bwrap would map root to root in a user namespace, and root is exempt from RLIMIT_NPROC: make the
@@ -196,8 +222,19 @@ def _jail_command(work: str, info_fd: int) -> list[str]:
         uid = 2**30 + secrets.randbelow(2**30)
         os.chown(work, uid, 0)  # the guard starts as uid 0 without capabilities: it gets in through the group
         os.chmod(work, 0o770)
-        command += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                    "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        command += [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+        ]
         guard_args.append(str(uid))
     else:
         command += ["--unshare-all", "--unshare-user", "--disable-userns"]
@@ -225,7 +262,9 @@ def _can_unshare_network() -> bool:
     return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
 
 
-def code_reward(response: str, sample: dict, timeout_s: float = 5.0, memory_mb: int = 512, sandbox: str = "jail") -> float:
+def code_reward(
+    response: str, sample: dict, timeout_s: float = 5.0, memory_mb: int = 512, sandbox: str = "jail"
+) -> float:
     """1 when the response's code passes `sample["tests"]` (Python asserts, a string or a list), else 0.
     `sandbox`: `jail` (the default) or `audit-hook` (weaker; for kernels that cannot make the jail)."""
     tests = sample["tests"]

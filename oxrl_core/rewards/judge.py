@@ -32,16 +32,25 @@ from oxrl_core.rewards.base import RewardUnavailable, Unscored
 from oxrl_core.rollout.engine import RolloutEngine, start_error
 
 TEMPLATES = {
-    "number": ("Rate how well the response answers the question, from {score_min:g} (wrong or useless) to "
-               "{score_max:g} (correct and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{response}\n\n"
-               "Explain briefly, then end with a line `Score: N`."),
-    "pairwise": ("Which answer to the question is better?\n\nQuestion:\n{prompt}\n\nAnswer A:\n{first}\n\n"
-                 "Answer B:\n{second}\n\nExplain briefly, then end with a line `Verdict: A` or `Verdict: B`."),
-    "yes-probability": ("Question:\n{prompt}\n\nResponse:\n{response}\n\nIs the response a correct and helpful "
-                        "answer to the question? Answer Yes or No."),
+    "number": (
+        "Rate how well the response answers the question, from {score_min:g} (wrong or useless) to "
+        "{score_max:g} (correct and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{response}\n\n"
+        "Explain briefly, then end with a line `Score: N`."
+    ),
+    "pairwise": (
+        "Which answer to the question is better?\n\nQuestion:\n{prompt}\n\nAnswer A:\n{first}\n\n"
+        "Answer B:\n{second}\n\nExplain briefly, then end with a line `Verdict: A` or `Verdict: B`."
+    ),
+    "yes-probability": (
+        "Question:\n{prompt}\n\nResponse:\n{response}\n\nIs the response a correct and helpful "
+        "answer to the question? Answer Yes or No."
+    ),
 }
-PLACEHOLDERS = {"number": {"prompt", "response", "reference"}, "pairwise": {"prompt", "first", "second"},
-                "yes-probability": {"prompt", "response", "reference"}}
+PLACEHOLDERS = {
+    "number": {"prompt", "response", "reference"},
+    "pairwise": {"prompt", "first", "second"},
+    "yes-probability": {"prompt", "response", "reference"},
+}
 REQUIRED = {"number": {"response"}, "pairwise": {"first", "second"}, "yes-probability": {"response"}}
 YES_NO = ("Yes", "No")  # the answers whose probabilities `yes-probability` compares
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -56,18 +65,27 @@ def check_judge(settings: JudgeSection) -> str:
     if settings.model is None:
         raise OxrlError("reward.judge.model: reward.func=judge needs the judge model (a folder, a Hub id or oxrl-tiny)")
     if settings.score_min >= settings.score_max:
-        raise OxrlError(f"reward.judge.score_min={settings.score_min:g}: must be below reward.judge.score_max ({settings.score_max:g})")
+        raise OxrlError(
+            f"reward.judge.score_min={settings.score_min:g}: must be below reward.judge.score_max ({settings.score_max:g})"
+        )
     if settings.template is None:
-        return TEMPLATES[settings.score].replace("{score_min:g}", f"{settings.score_min:g}").replace(
-            "{score_max:g}", f"{settings.score_max:g}")
+        return (
+            TEMPLATES[settings.score]
+            .replace("{score_min:g}", f"{settings.score_min:g}")
+            .replace("{score_max:g}", f"{settings.score_max:g}")
+        )
     used = set(_PLACEHOLDER.findall(settings.template))
     allowed, required = PLACEHOLDERS[settings.score], REQUIRED[settings.score]
     if used - allowed:
-        raise OxrlError(f"reward.judge.template: unknown placeholder(s) {', '.join('{' + u + '}' for u in sorted(used - allowed))} "
-                        f"for score={settings.score}; allowed: {', '.join('{' + a + '}' for a in sorted(allowed))}")
+        raise OxrlError(
+            f"reward.judge.template: unknown placeholder(s) {', '.join('{' + u + '}' for u in sorted(used - allowed))} "
+            f"for score={settings.score}; allowed: {', '.join('{' + a + '}' for a in sorted(allowed))}"
+        )
     if required - used:
-        raise OxrlError(f"reward.judge.template: must contain {' and '.join('{' + r + '}' for r in sorted(required))} "
-                        f"(score={settings.score})")
+        raise OxrlError(
+            f"reward.judge.template: must contain {' and '.join('{' + r + '}' for r in sorted(required))} "
+            f"(score={settings.score})"
+        )
     return settings.template
 
 
@@ -88,7 +106,7 @@ def parse_score(text: str, low: float, high: float) -> float | None:
 
 
 def parse_verdict(text: str) -> str | None:
-    """"A" or "B" from a pairwise judgment (the last `Verdict: X`, or a reply that is only the letter), or None."""
+    """ "A" or "B" from a pairwise judgment (the last `Verdict: X`, or a reply that is only the letter), or None."""
     found = _VERDICT.findall(text)
     if found:
         return found[-1].upper()
@@ -132,9 +150,21 @@ class Judge:
         sequences = samples_per_step * (2 if s.score == "pairwise" else 1)
         self.log_path = run_dir / "logs" / "judge.log"
         self.watch = reservation.watch
-        self.engine = self.watch.add(ray.remote(RolloutEngine).options(**reservation.judge_options()).remote(
-            self.model_path, "bfloat16" if reservation.placement.on_gpu else "float32", s.max_model_len,
-            s.gpu_memory_utilization, 0, sequences, self.log_path), "judge", self.log_path)
+        self.engine = self.watch.add(
+            ray.remote(RolloutEngine)
+            .options(**reservation.judge_options())
+            .remote(
+                self.model_path,
+                "bfloat16" if reservation.placement.on_gpu else "float32",
+                s.max_model_len,
+                s.gpu_memory_utilization,
+                0,
+                sequences,
+                self.log_path,
+            ),
+            "judge",
+            self.log_path,
+        )
         failure = self.watch.get([self.engine.start_failure.remote()], "judge start")[0]
         if failure:
             raise start_error(failure, self.log_path)
@@ -145,21 +175,34 @@ class Judge:
         """Each response's reward, or why it has none (`Unscored`)."""
         s = self.settings
         if s.score in ("number", "yes-probability"):
-            prompts = [render(self.template, {"prompt": prompt_text(sample), "response": response,
-                                              "reference": str(sample.get("answer", ""))})
-                       for response, sample in zip(responses, samples, strict=True)]
+            prompts = [
+                render(
+                    self.template,
+                    {"prompt": prompt_text(sample), "response": response, "reference": str(sample.get("answer", ""))},
+                )
+                for response, sample in zip(responses, samples, strict=True)
+            ]
             if s.score == "yes-probability":
-                return [self._log(prompt, text, reward) for prompt, (text, reward) in zip(prompts, self._yes_probabilities(prompts))]
-            return [self._log(prompt, text, parse_score(text, s.score_min, s.score_max))
-                    for prompt, text in self._judge(prompts)]
+                return [
+                    self._log(prompt, text, reward)
+                    for prompt, (text, reward) in zip(prompts, self._yes_probabilities(prompts))
+                ]
+            return [
+                self._log(prompt, text, parse_score(text, s.score_min, s.score_max))
+                for prompt, text in self._judge(prompts)
+            ]
         if any("answer" not in sample for sample in samples):
-            raise OxrlError("reward.judge.score=pairwise: every prompt record needs an `answer` (the reference the "
-                            "response is compared with)")
+            raise OxrlError(
+                "reward.judge.score=pairwise: every prompt record needs an `answer` (the reference the "
+                "response is compared with)"
+            )
         prompts = []
         for response, sample in zip(responses, samples, strict=True):
             question, reference = prompt_text(sample), str(sample["answer"])
-            prompts += [render(self.template, {"prompt": question, "first": response, "second": reference}),
-                        render(self.template, {"prompt": question, "first": reference, "second": response})]
+            prompts += [
+                render(self.template, {"prompt": question, "first": response, "second": reference}),
+                render(self.template, {"prompt": question, "first": reference, "second": response}),
+            ]
         judgments = self._judge(prompts)
         rewards = []
         for (prompt, first), (_, second) in zip(judgments[::2], judgments[1::2]):
@@ -173,7 +216,9 @@ class Judge:
         s = self.settings
         ids, fits, texts = self._prompt_ids(prompts, s.max_tokens)
         seeds = [self.calls * 100_003 + i for i in fits]  # matter only when the judge samples (temperature > 0)
-        rollouts = self._call("generate", [ids[i] for i in fits], 1, s.temperature, 1.0, [s.max_tokens] * len(fits), seeds)
+        rollouts = self._call(
+            "generate", [ids[i] for i in fits], 1, s.temperature, 1.0, [s.max_tokens] * len(fits), seeds
+        )
         for i, rollout in zip(fits, sorted(rollouts, key=lambda r: r.group)):
             texts[i] = self.tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
         return list(zip(prompts, texts))
@@ -192,11 +237,19 @@ class Judge:
         """The prompts' token ids (as the judge's chat template makes a user turn of them), the indices of those that
         fit the judge's context with `new_tokens` more, and for each one that does not, why (else "")."""
         s = self.settings
-        ids = [chat_template_ids(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
-               if self.tokenizer.chat_template else self.tokenizer(p)["input_ids"] for p in prompts]
-        why = ["" if len(x) + new_tokens <= s.max_model_len else
-               f"(not judged: the judge prompt has {len(x)} tokens; with {new_tokens} more it exceeds "
-               f"reward.judge.max_model_len={s.max_model_len})" for x in ids]
+        ids = [
+            chat_template_ids(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
+            if self.tokenizer.chat_template
+            else self.tokenizer(p)["input_ids"]
+            for p in prompts
+        ]
+        why = [
+            ""
+            if len(x) + new_tokens <= s.max_model_len
+            else f"(not judged: the judge prompt has {len(x)} tokens; with {new_tokens} more it exceeds "
+            f"reward.judge.max_model_len={s.max_model_len})"
+            for x in ids
+        ]
         return ids, [i for i, text in enumerate(why) if not text], why
 
     def _call(self, method: str, prompt_ids: list[list[int]], *args):
@@ -207,10 +260,17 @@ class Judge:
         self.calls += 1
         start = time.perf_counter()
         try:
-            result = self.watch.get([getattr(self.engine, method).remote(prompt_ids, *args)], f"judge {method}",
-                                    len(prompt_ids))[0] if prompt_ids else []
+            result = (
+                self.watch.get(
+                    [getattr(self.engine, method).remote(prompt_ids, *args)], f"judge {method}", len(prompt_ids)
+                )[0]
+                if prompt_ids
+                else []
+            )
         except ray.exceptions.RayActorError:
-            raise RewardUnavailable(f"reward.func=judge: the judge's vLLM engine died (its log: {self.log_path})") from None
+            raise RewardUnavailable(
+                f"reward.func=judge: the judge's vLLM engine died (its log: {self.log_path})"
+            ) from None
         self.engine_seconds = time.perf_counter() - start
         return result
 
@@ -219,11 +279,17 @@ class Judge:
         if self.judgments is not None:
             line = json.dumps({"call": self.calls, "judge_prompt": prompt, "judgment": text, "reward": reward}) + "\n"
             if len(line) > self._log_budget:
-                self.judgments.write(json.dumps({"note": "reward.judge.log_max_mb reached: later judgments are not written"}) + "\n")
+                self.judgments.write(
+                    json.dumps({"note": "reward.judge.log_max_mb reached: later judgments are not written"}) + "\n"
+                )
                 self.judgments.close()
                 self.judgments = None
             else:
                 self._log_budget -= len(line)
                 self.judgments.write(line)
                 self.judgments.flush()
-        return reward if reward is not None else Unscored(f"the judge's verdict could not be read: {(shown or text)[-300:]!r}")
+        return (
+            reward
+            if reward is not None
+            else Unscored(f"the judge's verdict could not be read: {(shown or text)[-300:]!r}")
+        )

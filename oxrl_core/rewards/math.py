@@ -24,7 +24,7 @@ def extract_answer(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j].strip()
+            return text[i + 1 : j].strip()
     return None  # unbalanced braces: malformed
 
 

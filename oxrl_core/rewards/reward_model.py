@@ -31,25 +31,34 @@ class RewardModel:
     def __init__(self, path: str, batch_size: int = 16):
         where = f"reward.kwargs.path={path!r}"
         if type(batch_size) is not int or batch_size < 1:
-            raise OxrlError(f"reward.kwargs.batch_size={batch_size!r}: must be a positive integer "
-                            f"(conversations per forward pass)")
+            raise OxrlError(
+                f"reward.kwargs.batch_size={batch_size!r}: must be a positive integer (conversations per forward pass)"
+            )
         folder = Path(path)
         if not folder.is_dir():
             raise OxrlError(f"{where}: no such folder; it must hold a reward model ({TRAIN_ONE})")
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise OxrlError(f"{where}: not a Hugging Face model folder ({str(e).splitlines()[0]}); {TRAIN_ONE}") from None
+            raise OxrlError(
+                f"{where}: not a Hugging Face model folder ({str(e).splitlines()[0]}); {TRAIN_ONE}"
+            ) from None
         architectures = config.architectures or []
         if not any(a.endswith("ForSequenceClassification") for a in architectures):
-            raise OxrlError(f"{where}: holds {' / '.join(architectures) or 'a model of no known architecture'}, not a reward "
-                            f"model (a sequence-classification model with one label); {TRAIN_ONE}")
+            raise OxrlError(
+                f"{where}: holds {' / '.join(architectures) or 'a model of no known architecture'}, not a reward "
+                f"model (a sequence-classification model with one label); {TRAIN_ONE}"
+            )
         if config.num_labels != 1:
-            raise OxrlError(f"{where}: a classifier with {config.num_labels} labels; a reward model has one (its score); {TRAIN_ONE}")
+            raise OxrlError(
+                f"{where}: a classifier with {config.num_labels} labels; a reward model has one (its score); {TRAIN_ONE}"
+            )
         self.pad_id = config.get_text_config().pad_token_id  # the pooling reads the last token that is not this one
         if self.pad_id is None:
-            raise OxrlError(f"{where}: its config.json has no pad_token_id, which batched scoring pads with; set it "
-                            f"(the id the model was trained with) or {TRAIN_ONE}")
+            raise OxrlError(
+                f"{where}: its config.json has no pad_token_id, which batched scoring pads with; set it "
+                f"(the id the model was trained with) or {TRAIN_ONE}"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         if not self.tokenizer.chat_template:
             raise OxrlError(f"{where}: its tokenizer has no chat template; conversations are rendered with it")
@@ -62,19 +71,24 @@ class RewardModel:
     @torch.inference_mode()
     def score_batch(self, responses: list[str], samples: list[dict]) -> list[float]:
         """The score of each response to its sample's prompt; one forward pass per `batch_size` of them."""
-        conversations = [prompt_messages(sample) + [{"role": "assistant", "content": response}]
-                         for response, sample in zip(responses, samples, strict=True)]
+        conversations = [
+            prompt_messages(sample) + [{"role": "assistant", "content": response}]
+            for response, sample in zip(responses, samples, strict=True)
+        ]
         token_ids = [chat_template_ids(self.tokenizer, c, add_generation_prompt=False) for c in conversations]
         scores = []
         for start in range(0, len(token_ids), self.batch_size):
-            chunk = token_ids[start:start + self.batch_size]
-            input_ids = torch.full((len(chunk), max(map(len, chunk))), self.pad_id, dtype=torch.long)  # [B, T] right-padded
+            chunk = token_ids[start : start + self.batch_size]
+            input_ids = torch.full(
+                (len(chunk), max(map(len, chunk))), self.pad_id, dtype=torch.long
+            )  # [B, T] right-padded
             attention_mask = torch.zeros_like(input_ids)  # [B, T]
             for b, ids in enumerate(chunk):
-                input_ids[b, :len(ids)] = torch.tensor(ids)
-                attention_mask[b, :len(ids)] = 1
-            logits = self.model(input_ids=input_ids.to(self.device),
-                                attention_mask=attention_mask.to(self.device)).logits  # [B, 1]
+                input_ids[b, : len(ids)] = torch.tensor(ids)
+                attention_mask[b, : len(ids)] = 1
+            logits = self.model(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
+            ).logits  # [B, 1]
             scores += logits[:, 0].float().tolist()
         return scores
 

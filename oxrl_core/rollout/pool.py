@@ -30,8 +30,18 @@ class TrainerRanks(Protocol):
 
 
 class RolloutPool:
-    def __init__(self, rollout: RolloutSection, model_path: str, dtype: str, seed: int, step_samples: int,
-                 hang_timeout_s: float, log_dir: Path, reservation: Reservation, group: TrainerRanks):
+    def __init__(
+        self,
+        rollout: RolloutSection,
+        model_path: str,
+        dtype: str,
+        seed: int,
+        step_samples: int,
+        hang_timeout_s: float,
+        log_dir: Path,
+        reservation: Reservation,
+        group: TrainerRanks,
+    ):
         """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
         sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
         one line, `start_error`), then connects them to the trainer for weight refreshes."""
@@ -46,10 +56,24 @@ class RolloutPool:
             workers = []
             for shard in range(tp):
                 logs.append(log_dir / (f"engine{e}.log" if tp == 1 else f"engine{e}-tp{shard}.log"))
-                workers.append(self.watch.add(ray.remote(RolloutEngine).options(**options[shard]).remote(
-                    model_path, dtype, max_model_len, r.gpu_memory_utilization, seed + e,
-                    -(-step_samples // r.engines), logs[-1], (shard, tp, *meeting) if meeting else None),
-                    logs[-1].stem, logs[-1]))
+                workers.append(
+                    self.watch.add(
+                        ray.remote(RolloutEngine)
+                        .options(**options[shard])
+                        .remote(
+                            model_path,
+                            dtype,
+                            max_model_len,
+                            r.gpu_memory_utilization,
+                            seed + e,
+                            -(-step_samples // r.engines),
+                            logs[-1],
+                            (shard, tp, *meeting) if meeting else None,
+                        ),
+                        logs[-1].stem,
+                        logs[-1],
+                    )
+                )
             self.engines.append(workers)
         self.workers = [w for workers in self.engines for w in workers]
         self.samples = EngineStream(self.engines, self.watch)
@@ -63,20 +87,44 @@ class RolloutPool:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
             address, port = reservation.address(reservation.rank_options(0))
             world, timeout = 1 + len(self.workers), collective_timeout(hang_timeout_s)
-            self.watch.get([group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes, timeout),
-                            *(w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes, timeout)
-                              for i, w in enumerate(self.workers))], "weight channel")
+            self.watch.get(
+                [
+                    group.ranks[0].open_weight_channel.remote(address, port, world, self.bucket_bytes, timeout),
+                    *(
+                        w.open_weight_channel.remote(address, port, 1 + i, world, plan, self.bucket_bytes, timeout)
+                        for i, w in enumerate(self.workers)
+                    ),
+                ],
+                "weight channel",
+            )
 
-    def requests(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
-                 media: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[SampleRequest]:
+    def requests(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        seed_base: int,
+        media: list[tuple] | None = None,
+        max_tokens: list[int] | None = None,
+    ) -> list[SampleRequest]:
         """`n` samples of each prompt (key: prompt i's j-th sample is i * n + j), each with its prompt's `media` (if
         any), of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens). Each sample has its
         own seed, so a resumed run resamples alike: prompt i's are spaced by n, as vLLM seeds a request of n."""
         r = self.rollout
         max_tokens = max_tokens or [r.max_tokens] * len(prompts)
-        return [SampleRequest(i * n + j, ids, max_tokens[i], sample_seed(seed_base, i, n, j), temperature, r.top_p,
-                              tuple(media[i]) if media and media[i] else ())
-                for i, ids in enumerate(prompts) for j in range(n)]
+        return [
+            SampleRequest(
+                i * n + j,
+                ids,
+                max_tokens[i],
+                sample_seed(seed_base, i, n, j),
+                temperature,
+                r.top_p,
+                tuple(media[i]) if media and media[i] else (),
+            )
+            for i, ids in enumerate(prompts)
+            for j in range(n)
+        ]
 
     def stream(self, requests: list[SampleRequest], groups: list[int], follow_up: FollowUp | None = None) -> Sampling:
         """Sample `requests`, each finished one yielded as it ends (`stream.py`). A group (`groups`: each request's,
@@ -84,8 +132,15 @@ class RolloutPool:
         engines round-robin."""
         return self.samples.submit(requests, [g % len(self.engines) for g in groups], follow_up)
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, seed_base: int,
-                 media: list[tuple] | None = None, max_tokens: list[int] | None = None) -> list[Rollout]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        seed_base: int,
+        media: list[tuple] | None = None,
+        max_tokens: list[int] | None = None,
+    ) -> list[Rollout]:
         """All `requests(...)` at once, as rollouts sorted by prompt (`Rollout.group`)."""
         requests = self.requests(prompts, n, temperature, seed_base, media, max_tokens)
         done = sorted(self.stream(requests, [r.key // n for r in requests]), key=lambda c: c.key)
@@ -101,10 +156,14 @@ class RolloutPool:
                 handles = {}
                 for shared in group.call("share_weights", engine_here, bucket=bucket, bucket_bytes=self.bucket_bytes):
                     handles |= shared
-                self.watch.get([w.load_shared_weights.remote(handles, policy_version) for w in self.workers], "load_shared_weights")
+                self.watch.get(
+                    [w.load_shared_weights.remote(handles, policy_version) for w in self.workers], "load_shared_weights"
+                )
             # Not waited for: the ranks free their last copy while the engines sample the next step, and run it before
             # any later call to them (a Ray actor runs one caller's calls in order).
             self._releasing = group.call_async("release_shared_weights")
         else:
-            self.watch.get([*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
-                           "weight broadcast")
+            self.watch.get(
+                [*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
+                "weight broadcast",
+            )

@@ -17,7 +17,9 @@ class Rollout:
     finish_reason: str  # "stop" (EOS or stop string) or "length" (truncated)
     policy_version: int
     reward: float = 0.0
-    media: tuple[np.ndarray, ...] = ()  # the prompt's images or audio clips (data/media.py; set by the pool, which has them)
+    media: tuple[
+        np.ndarray, ...
+    ] = ()  # the prompt's images or audio clips (data/media.py; set by the pool, which has them)
     # An episode (rollout/episodes.py): 1 where the policy sampled the response token, 0 where the environment or
     # the chat template put it; None: every token was sampled.
     policy_mask: list[int] | None = None
@@ -29,8 +31,16 @@ class Rollout:
     @classmethod
     def of(cls, done: "Completion", group: int, prompt_ids: list[int], media: tuple = ()) -> "Rollout":
         """A single-turn sample from its completion."""
-        return cls(group, list(prompt_ids), done.token_ids, done.logprobs, done.finish_reason, done.policy_version,
-                   media=media, version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else ())
+        return cls(
+            group,
+            list(prompt_ids),
+            done.token_ids,
+            done.logprobs,
+            done.finish_reason,
+            done.policy_version,
+            media=media,
+            version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else (),
+        )
 
     @property
     def answer_ids(self) -> list[int]:
@@ -54,7 +64,9 @@ class SampleRequest:
     seed: int
     temperature: float
     top_p: float
-    media: tuple[np.ndarray, ...] = ()  # images or audio clips (data/media.py), their placeholders expanded in prompt_ids
+    media: tuple[
+        np.ndarray, ...
+    ] = ()  # images or audio clips (data/media.py), their placeholders expanded in prompt_ids
 
 
 @dataclass

@@ -50,8 +50,12 @@ class PlainProgress:
         self.last_line = now
         elapsed = now - self.start
         eta = elapsed / max(completed - self.first, 1) * (self.total - completed)
-        self.console.print(f"step {completed}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  "
-                           f"elapsed {_clock(elapsed)}  ETA {_clock(eta)}", highlight=False, soft_wrap=True)
+        self.console.print(
+            f"step {completed}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  "
+            f"elapsed {_clock(elapsed)}  ETA {_clock(eta)}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _clock(seconds: float) -> str:

@@ -7,7 +7,8 @@ import torch
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.fused_head import LogprobsHead
-from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION, VISION_ATTENTION
+from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION
+from oxrl_core.training.packing import VISION_ATTENTION
 from oxrl_core.training.spec import TrainerSpec
 from oxrl_core.training.zero3 import gather_by_block, repeated_blocks, rope_in_float32, torch_linear
 
@@ -16,7 +17,9 @@ def load_options(spec: TrainerSpec, packed: bool) -> dict:
     """`from_pretrained`'s arguments for every model of the run: its dtype, its attention (packed rows: the
     variable-length kernel; `varlen` otherwise means sdpa) and whether remote code may run."""
     attention = PACKED_ATTENTION if packed else spec.model.attn_implementation.replace("varlen", "sdpa")
-    return dict(dtype=model_dtype(spec.model), attn_implementation=attention, trust_remote_code=spec.model.trust_remote_code)
+    return dict(
+        dtype=model_dtype(spec.model), attn_implementation=attention, trust_remote_code=spec.model.trust_remote_code
+    )
 
 
 def pretrained(path: str, multimodal: bool, load: dict) -> torch.nn.Module:
@@ -34,11 +37,13 @@ def pretrained_policy(model_path: str, multimodal: bool, reward_model: bool, loa
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(
-        model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load)
+        model_path, num_labels=1, pad_token_id=load_tokenizer(model_path)[1], **load
+    )
 
 
-def trainable_policy(model: torch.nn.Module, spec: TrainerSpec, multimodal: bool, zero3: bool, reward_model: bool,
-                     on_gpu: bool) -> tuple[torch.nn.Module, LogprobsHead | None]:
+def trainable_policy(
+    model: torch.nn.Module, spec: TrainerSpec, multimodal: bool, zero3: bool, reward_model: bool, on_gpu: bool
+) -> tuple[torch.nn.Module, LogprobsHead | None]:
     """The loaded policy made ready for DeepSpeed, and its LogprobsHead (or None): its media encoder set up, ZeRO-3's
     patches, gradient checkpointing, LoRA's adapters, compiled blocks."""
     if multimodal:
@@ -80,9 +85,16 @@ def with_lora(model: torch.nn.Module, spec: TrainerSpec, zero3: bool, reward_mod
         model.enable_input_require_grads()
     lora = spec.lora
     # SEQ_CLS also trains (and saves) the reward model's new scalar head in full
-    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules,
-                                            task_type="SEQ_CLS" if reward_model else "CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="SEQ_CLS" if reward_model else "CAUSAL_LM",
+        ),
+    )
 
 
 def frozen_model(path: str, multimodal: bool, load: dict, zero3: bool, ds_config: dict, device: torch.device) -> tuple:

@@ -29,8 +29,10 @@ class BuildLock:
     def describe(self) -> str:
         if self.holders:
             return f"{self.path}: a build in progress (process {', '.join(map(str, self.holders))})"
-        return (f"{self.path}: a build lock left by an interrupted build ({_duration(self.idle_s)} old, held by no "
-                f"process); every run that builds this op waits on it. Clear it: rm {self.path}")
+        return (
+            f"{self.path}: a build lock left by an interrupted build ({_duration(self.idle_s)} old, held by no "
+            f"process); every run that builds this op waits on it. Clear it: rm {self.path}"
+        )
 
 
 def extensions_root() -> Path:
@@ -92,4 +94,10 @@ def _mtime(path: Path) -> float:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    return (
+        f"{seconds / 3600:.1f} h"
+        if seconds >= 3600
+        else f"{seconds / 60:.0f} min"
+        if seconds >= 60
+        else f"{seconds:.0f} s"
+    )

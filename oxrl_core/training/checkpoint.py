@@ -4,8 +4,8 @@ from pathlib import Path
 
 import torch
 
-from oxrl_core.models.value_head import VALUE_HEAD_FILE
 from oxrl_core.models.names import restore_checkpoint_names
+from oxrl_core.models.value_head import VALUE_HEAD_FILE
 
 
 class Checkpoints:
@@ -19,7 +19,9 @@ class Checkpoints:
 
     def load_checkpoint(self, ds_dir: Path, tag: str) -> None:
         """What `save_checkpoint` saved, back in place: a resumed run goes on as if never stopped."""
-        path, _ = self.engine.load_checkpoint(str(ds_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        path, _ = self.engine.load_checkpoint(
+            str(ds_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint {tag} in {ds_dir}")
         _set_rng_state(torch.load(ds_dir / tag / f"rng_rank{self.rank}.pt", weights_only=False))
@@ -35,9 +37,14 @@ class Checkpoints:
             self._policy().save_pretrained(out_dir, state_dict=policy_state, safe_serialization=True)
             restore_checkpoint_names(out_dir, self._policy().config.model_type)
             if self.critic:
-                save_file({n.removeprefix("value_head."): t for n, t in state if n.startswith("value_head.")}, out_dir / VALUE_HEAD_FILE)
+                save_file(
+                    {n.removeprefix("value_head."): t for n, t in state if n.startswith("value_head.")},
+                    out_dir / VALUE_HEAD_FILE,
+                )
             # a multimodal model's processor: the tokenizer, the image processor or feature extractor, the chat template
-            (AutoProcessor if self.multimodal else AutoTokenizer).from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+            (AutoProcessor if self.multimodal else AutoTokenizer).from_pretrained(tokenizer_dir).save_pretrained(
+                out_dir
+            )
         torch.distributed.barrier()
 
     def _gathered(self, trainable_only: bool) -> list[tuple[str, torch.Tensor]]:

@@ -20,8 +20,8 @@ from oxrl_core.data.media import media_policy
 from oxrl_core.models.hub import is_multimodal, resolve_model
 from oxrl_core.models.value_head import PolicyWithValueHead
 from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
-from oxrl_core.training.checkpoint import Checkpoints
 from oxrl_core.training.build_locks import wait_for_builds
+from oxrl_core.training.checkpoint import Checkpoints
 from oxrl_core.training.deepspeed_setup import deepspeed_config, deepspeed_engine, model_dtype
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 from oxrl_core.training.packing import pack, unpack, unpacking
@@ -33,8 +33,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
     """A trainer rank: its models, their forwards and its steps; its checkpoints and weight refreshes come from the
     mixins, methods of the same actor."""
 
-    def __init__(self, spec: TrainerSpec, model_path: str, rank: int, world_size: int, master: tuple[str, int],
-                 log_dir: Path):
+    def __init__(
+        self, spec: TrainerSpec, model_path: str, rank: int, world_size: int, master: tuple[str, int], log_dir: Path
+    ):
         """`master`: the address and a free port of rank 0's node, where the ranks meet."""
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
@@ -62,8 +63,14 @@ class TrainEngine(WeightPublisher, Checkpoints):
         if self.critic:
             model = PolicyWithValueHead(model, model.config.get_text_config().hidden_size, self._dtype)
         self.engine = deepspeed_engine(model, spec, ds_config, on_gpu)
-        frozen = partial(frozen_model, multimodal=self.multimodal, load=load, zero3=self.zero3, ds_config=ds_config,
-                         device=self.engine.device)
+        frozen = partial(
+            frozen_model,
+            multimodal=self.multimodal,
+            load=load,
+            zero3=self.zero3,
+            ds_config=ds_config,
+            device=self.engine.device,
+        )
         # The starting policy, for a KL term or reference logprobs; KD's teacher (whose head only gives logits).
         self.reference, self.reference_head = frozen(model_path) if spec.reference_model else (None, None)
         self.teacher = frozen(resolve_model(spec.teacher))[0] if spec.teacher else None
@@ -71,8 +78,14 @@ class TrainEngine(WeightPublisher, Checkpoints):
 
     # -- training ---------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[dict], loss: BatchLoss, args: LossArgs, temperature: float = 1.0,
-                   with_entropy: bool = False) -> dict:
+    def train_step(
+        self,
+        micro_batches: list[dict],
+        loss: BatchLoss,
+        args: LossArgs,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict:
         """One optimizer step over this rank's micro-batches with an algorithm's loss (`Algorithm.loss`).
 
         `args` carry the global batch's normalisers (tokens, sequences), so the
@@ -88,7 +101,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
         entropy_grad = args.entropy_grad  # PPO's entropy bonus needs the entropy's gradient; the others only report it
         for batch in micro_batches:
             batch = self._to_device(batch)
-            outputs = self._forward(batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None)
+            outputs = self._forward(
+                batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None
+            )
             micro_loss, metrics = loss(outputs, batch, args)
             self.engine.backward(micro_loss * scale)
             self.engine.step()
@@ -98,8 +113,12 @@ class TrainEngine(WeightPublisher, Checkpoints):
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
-        result = {"loss": float(loss_sum), **{key: float(value) for key, value in sums.items()},
-                  "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "lr": lr}
+        result = {
+            "loss": float(loss_sum),
+            **{key: float(value) for key, value in sums.items()},
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "lr": lr,
+        }
         if torch.cuda.is_available():
             result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         return result
@@ -116,18 +135,26 @@ class TrainEngine(WeightPublisher, Checkpoints):
                 sums[key] = sums.get(key, 0.0) + value
         return {key: float(value) for key, value in sums.items()}
 
-    def token_logprobs(self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False) -> list[torch.Tensor]:
+    def token_logprobs(
+        self, micro_batches: list[dict], temperature: float = 1.0, reference: bool = False
+    ) -> list[torch.Tensor]:
         """Per-token logprobs [B, T-1] of each micro-batch under the current weights, or the frozen reference's."""
         outputs = self._forwards_without_grad(micro_batches, temperature, reference)
-        return [o["logprobs"].cpu() for o in outputs]  # after every forward is queued: a copy to the CPU waits for the GPU
+        return [
+            o["logprobs"].cpu() for o in outputs
+        ]  # after every forward is queued: a copy to the CPU waits for the GPU
 
-    def logprobs_and_values(self, micro_batches: list[dict], temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def logprobs_and_values(
+        self, micro_batches: list[dict], temperature: float = 1.0
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """PPO: per-token logprobs and the critic's values, both [B, T-1], of each micro-batch from the same forward."""
         outputs = self._forwards_without_grad(micro_batches, temperature)
         return [(o["logprobs"].cpu(), o["values"].float().cpu()) for o in outputs]
 
     @torch.no_grad()
-    def _forwards_without_grad(self, micro_batches: list[dict], temperature: float, reference: bool = False) -> list[dict]:
+    def _forwards_without_grad(
+        self, micro_batches: list[dict], temperature: float, reference: bool = False
+    ) -> list[dict]:
         """`_forward`'s outputs for each micro-batch, from forwards of `train.logprobs_micro_batch_size` sequences:
         that many micro-batches' worth joined into one (right-padded to the longest), the outputs cut back. Counted in
         micro-batches, not rows, so that every rank runs as many forwards (ZeRO-3 gathers in each) when a last
@@ -141,19 +168,24 @@ class TrainEngine(WeightPublisher, Checkpoints):
             per_forward = 4 if fused and not self.spec.model.gradient_checkpointing else 1
         outputs = []
         for first in range(0, len(micro_batches), per_forward):
-            group = micro_batches[first:first + per_forward]
+            group = micro_batches[first : first + per_forward]
             longest = max(b["input_ids"].shape[1] for b in group)  # the others right-padded to it (attention_mask 0)
-            joined = {key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
-                      for key in ("input_ids", "attention_mask")}
+            joined = {
+                key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
+                for key in ("input_ids", "attention_mask")
+            }
             if any("media" in b for b in group):
-                joined |= {"media": [item for b in group for item in b.get("media", [])],
-                           "media_counts": torch.cat([b.get("media_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long))
-                                                      for b in group])}
+                joined |= {
+                    "media": [item for b in group for item in b.get("media", [])],
+                    "media_counts": torch.cat(
+                        [b.get("media_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long)) for b in group]
+                    ),
+                }
             output = self._forward(self._to_device(joined), temperature, reference=reference)
             start = 0
             for batch in group:
                 size, length = batch["input_ids"].shape
-                outputs.append({key: value[start:start + size, :length - 1] for key, value in output.items()})
+                outputs.append({key: value[start : start + size, : length - 1] for key, value in output.items()})
                 start += size
         return outputs
 
@@ -162,15 +194,20 @@ class TrainEngine(WeightPublisher, Checkpoints):
         (their shapes depend on the data: on the GPU, building them would wait for its queue to drain); its media
         as what the model reads beside the tokens, under "media_inputs" (`MediaPolicy.model_inputs`)."""
         if "media" in batch:
-            inputs = media_policy(self.model_path).model_inputs(batch["input_ids"], batch["media"],
-                                                                batch["media_counts"].tolist())
+            inputs = media_policy(self.model_path).model_inputs(
+                batch["input_ids"], batch["media"], batch["media_counts"].tolist()
+            )
             batch = {k: v for k, v in batch.items() if k not in ("media", "media_counts")} | {"media_inputs": inputs}
         if self.packed:
-            batch = batch | {"packed": pack(batch["input_ids"], batch["attention_mask"]),
-                             "unpacking": unpacking(batch["attention_mask"])}
+            batch = batch | {
+                "packed": pack(batch["input_ids"], batch["attention_mask"]),
+                "unpacking": unpacking(batch["attention_mask"]),
+            }
         return _moved(batch, self.engine.device)
 
-    def _forward(self, batch: dict, temperature: float = 1.0, entropy: str | None = None, reference: bool = False) -> dict:
+    def _forward(
+        self, batch: dict, temperature: float = 1.0, entropy: str | None = None, reference: bool = False
+    ) -> dict:
         """Prediction-aligned [B, T-1] tensors: `logprobs` of the batch's tokens (the frozen reference's with
         `reference`); `values` (the critic's estimate of the state before each token) when the model has a value head;
         the policy's `entropy` at each position when asked, with its gradient (`grad`) or as a metric (`metric`). KD
@@ -209,7 +246,10 @@ class TrainEngine(WeightPublisher, Checkpoints):
                 teacher_logits = self.teacher(**inputs).logits
             # Same tokenizer (checked at load), but embedding tables may be padded to different sizes.
             vocab = min(head_output.shape[-1], teacher_logits.shape[-1])
-            outputs |= {"logits": padded(head_output[:, :-1, :vocab]), "teacher_logits": padded(teacher_logits[:, :-1, :vocab])}
+            outputs |= {
+                "logits": padded(head_output[:, :-1, :vocab]),
+                "teacher_logits": padded(teacher_logits[:, :-1, :vocab]),
+            }
         return outputs
 
     def _policy(self):
@@ -220,8 +260,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
 def join_ranks(spec: TrainerSpec, rank: int, world_size: int, master: tuple[str, int], on_gpu: bool) -> None:
     """This process as rank `rank` of the training ranks' process group (NCCL on GPUs, gloo on the CPU)."""
     # DeepSpeed reads these even for one process (otherwise it looks for MPI).
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                      MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", MASTER_ADDR=master[0], MASTER_PORT=str(master[1])
+    )
     if not on_gpu:
         # Ranks share the cores; without this each takes them all and they thrash.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
@@ -229,7 +270,9 @@ def join_ranks(spec: TrainerSpec, rank: int, world_size: int, master: tuple[str,
 
     # The shared-memory all-reduce op compiles for a minute and training does not need it.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", timeout=collective_timeout(spec.hang_timeout_s))
+    deepspeed.init_distributed(
+        dist_backend="nccl" if on_gpu else "gloo", timeout=collective_timeout(spec.hang_timeout_s)
+    )
 
 
 def _moved(value, device: torch.device):

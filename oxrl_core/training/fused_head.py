@@ -44,8 +44,13 @@ def width(other: int) -> int:
     return width - width % ALIGN if width > ALIGN else width
 
 
-def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fused_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden [B, T, H] (the last hidden states, after the final norm), weight [V, H] (the output layer's, no bias),
     input_ids [B, T] -> logprobs [B, T-1] with out[b, t] = log p(x[b, t+1] | x[b, :t+1]), p = softmax(hidden @ W^T / T),
     and the entropies of p [B, T-1] when asked (else None); both with gradients (for hidden and weight)."""
@@ -59,9 +64,15 @@ class _FusedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, with_entropy):  # [N, H], [V, H], [N], float, bool
         step = width(len(weight))
-        chunks = [rows_forward(F.linear(hidden[start:start + step], weight)[None],  # logits [1, n, V]
-                               targets[None, start:start + step], temperature, with_entropy)
-                  for start in range(0, len(hidden), step)]
+        chunks = [
+            rows_forward(
+                F.linear(hidden[start : start + step], weight)[None],  # logits [1, n, V]
+                targets[None, start : start + step],
+                temperature,
+                with_entropy,
+            )
+            for start in range(0, len(hidden), step)
+        ]
         picked, lse, entropy = (torch.cat([c[i].flatten() for c in chunks]) for i in range(3))  # [N] ([0]: no entropy)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature = temperature
@@ -77,12 +88,20 @@ class _FusedLogprobs(torch.autograd.Function):
         vocab = len(weight)
         step = width(len(hidden))
         for start in range(0, vocab, step):
-            w = weight[start:start + step]  # [v, H]
+            w = weight[start : start + step]  # [v, H]
             g = F.linear(hidden, w)  # [N, v], then overwritten by its own gradient
-            rows_backward(g[None], (targets - start)[None], lse[None], None if grad is None else grad[None],
-                          ctx.temperature, entropy[None], None if grad_entropy is None else grad_entropy[None], g[None])
+            rows_backward(
+                g[None],
+                (targets - start)[None],
+                lse[None],
+                None if grad is None else grad[None],
+                ctx.temperature,
+                entropy[None],
+                None if grad_entropy is None else grad_entropy[None],
+                g[None],
+            )
             if want_weight:
-                torch.mm(g.T, hidden, out=grad_weight[start:start + step])
+                torch.mm(g.T, hidden, out=grad_weight[start : start + step])
             if want_hidden:
                 grad_hidden += (g @ w).to(grad_hidden.dtype)
         return None if grad_hidden is None else grad_hidden.to(hidden.dtype), grad_weight, None, None, None

@@ -17,9 +17,16 @@ class TrainGroup:
     def __init__(self, spec: TrainerSpec, model_path: str, log_dir: Path, reservation: Reservation):
         world, self.watch = reservation.placement.train_ranks, reservation.watch
         master = reservation.address(reservation.rank_options(0))
-        self.ranks = [self.watch.add(ray.remote(TrainEngine).options(**reservation.rank_options(rank)).remote(
-                          spec, model_path, rank, world, master, log_dir), f"rank{rank}", log_dir / f"rank{rank}.log")
-                      for rank in range(world)]
+        self.ranks = [
+            self.watch.add(
+                ray.remote(TrainEngine)
+                .options(**reservation.rank_options(rank))
+                .remote(spec, model_path, rank, world, master, log_dir),
+                f"rank{rank}",
+                log_dir / f"rank{rank}.log",
+            )
+            for rank in range(world)
+        ]
         # A colocated vLLM measures the GPU memory left to it, so the ranks must be built first; otherwise they
         # start while the rollout engines do, and the first call waits for them.
         if reservation.placement.weights_over_ipc:
@@ -33,8 +40,10 @@ class TrainGroup:
 
     def call_async(self, method: str, *per_rank_args, **common) -> list:
         """`call` without waiting: the ranks' futures."""
-        return [getattr(rank, method).remote(*(args[i] for args in per_rank_args), **common)
-                for i, rank in enumerate(self.ranks)]
+        return [
+            getattr(rank, method).remote(*(args[i] for args in per_rank_args), **common)
+            for i, rank in enumerate(self.ranks)
+        ]
 
     def shutdown(self) -> None:
         for rank in self.ranks:

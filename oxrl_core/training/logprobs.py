@@ -24,8 +24,9 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return _TokenLogprobs.apply(logits, input_ids, temperature, False)[0]
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor,
-                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` and, from the same softmax, the entropy of the next-token distribution at each predicting
     position: both [B, T-1], both with their gradients (PPO's entropy bonus; detach it for a metric)."""
     return _TokenLogprobs.apply(logits, input_ids, temperature, True)
@@ -55,8 +56,9 @@ def _on_triton(x: torch.Tensor) -> bool:
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def rows_forward(x: torch.Tensor, targets: torch.Tensor, temperature: float,
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rows_forward(
+    x: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Predicting rows x [B, P, V] (logits; each row contiguous), targets [B, P] -> logprobs, logsumexps and entropies
     (or an empty tensor) of softmax(x / temperature), each [B, P] in float32 (float64 for float64 rows, off CUDA)."""
     if _on_triton(x):
@@ -75,8 +77,16 @@ def rows_forward(x: torch.Tensor, targets: torch.Tensor, temperature: float,
     return picked, lse, entropy
 
 
-def rows_backward(x: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor | None,
-                  temperature: float, entropy: torch.Tensor, grad_entropy: torch.Tensor | None, out: torch.Tensor) -> None:
+def rows_backward(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad: torch.Tensor | None,
+    temperature: float,
+    entropy: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
     """Write the gradient of the rows x [B, P, V] into `out` (x's shape, strides and dtype; may be x itself) from the
     logprobs' gradient `grad` and the entropies' `grad_entropy` ([B, P] each, None where there is none), with
     `rows_forward`'s logsumexps and entropies: d(x_target/T - lse)/dx = (onehot - p) / T, dH/dx = -p (log p + H) / T.

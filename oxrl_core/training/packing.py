@@ -31,9 +31,14 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
     real = attention_mask.bool()  # [B, T]
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     max_length = int(lengths.max())
-    return {"input_ids": input_ids[real][None], "position_ids": positions[real][None],
-            "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max_length,
-            "max_length_k": max_length}
+    return {
+        "input_ids": input_ids[real][None],
+        "position_ids": positions[real][None],
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+    }
 
 
 def unpacking(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,10 +60,19 @@ def unpack(packed: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor]) -> t
     return out.masked_fill(~predicts.view(*index.shape, *[1] * (packed.dim() - 2)), 0)
 
 
-def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     cu_seq_lens_q: torch.Tensor | None = None, max_length_q: int | None = None, is_causal: bool = True,
-                     **kwargs) -> tuple[torch.Tensor, None]:
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    is_causal: bool = True,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention interface for sequences laid end to end: query [1, Hq, N, D], key and value
     [1, Hkv, N, D] -> [1, N, Hq, D], attention within each sequence of `cu_seq_lens_q`: causal in a decoder's packed
     row, both ways among a vision tower's patches (`is_causal=False`: an image, or a window of one)."""
@@ -67,19 +81,46 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         out = flash_varlen_attention(q, k, v, cu_seq_lens_q, max_length_q, scaling, is_causal)
     else:
         bounds = cu_seq_lens_q.tolist()
-        out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=is_causal, scale=scaling,
-            enable_gqa=True).transpose(0, 1) for a, b in zip(bounds, bounds[1:])])
+        out = torch.cat(
+            [
+                torch.nn.functional.scaled_dot_product_attention(
+                    q[a:b].transpose(0, 1),
+                    k[a:b].transpose(0, 1),
+                    v[a:b].transpose(0, 1),
+                    is_causal=is_causal,
+                    scale=scaling,
+                    enable_gqa=True,
+                ).transpose(0, 1)
+                for a, b in zip(bounds, bounds[1:])
+            ]
+        )
     return out[None], None
 
 
-def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_length: int,
-                           scale: float | None, causal: bool = True) -> torch.Tensor:
+def flash_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_length: int,
+    scale: float | None,
+    causal: bool = True,
+) -> torch.Tensor:
     """Flash attention over the sequences of `cu_seq_lens`: q [N, Hq, D], k and v [N, Hkv, D] -> [N, Hq, D].
     Grouped-query heads go in as they are, each key/value head serving its group of query heads (a copy of k and v per
     query head would be kept for the backward)."""
-    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale,
-                       window_size=(-1, 0) if causal else (-1, -1), **GROUPED_QUERY)
+    return varlen_attn(
+        q,
+        k,
+        v,
+        cu_seq_lens,
+        cu_seq_lens,
+        max_length,
+        max_length,
+        scale=scale,
+        window_size=(-1, 0) if causal else (-1, -1),
+        **GROUPED_QUERY,
+    )
 
 
 # torch 2.13 and later take grouped-query heads when asked with enable_gqa (else they refuse them); torch 2.11's

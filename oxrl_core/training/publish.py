@@ -18,16 +18,29 @@ class WeightPublisher:
         """What `refresh_weights` yields, in order: the policy's weights under their Hugging Face names, with
         LoRA merged (vLLM serves plain weights, no adapter machinery, and needs no restart)."""
         model_type = self._policy().config.model_type
-        return [WeightSpec(_served_name(name, model_type), tuple(getattr(param, "ds_shape", param.shape)), str(param.dtype).removeprefix("torch."))
-                for name, param in self._refreshed_parameters()]
+        return [
+            WeightSpec(
+                _served_name(name, model_type),
+                tuple(getattr(param, "ds_shape", param.shape)),
+                str(param.dtype).removeprefix("torch."),
+            )
+            for name, param in self._refreshed_parameters()
+        ]
 
     def _refreshed_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """The policy's parameters the engines take at a refresh: all but the LoRA factors (merged into their base
         layer's weight) and a frozen vision tower (the engines loaded it from the same folder)."""
         policy = self._policy()
-        frozen = {id(p) for p in media_encoder(policy).parameters()} if self.multimodal and self.spec.model.freeze_vision else set()
-        return ((name, param) for name, param in policy.named_parameters()
-                if not _is_lora_factor(name) and id(param) not in frozen)
+        frozen = (
+            {id(p) for p in media_encoder(policy).parameters()}
+            if self.multimodal and self.spec.model.freeze_vision
+            else set()
+        )
+        return (
+            (name, param)
+            for name, param in policy.named_parameters()
+            if not _is_lora_factor(name) and id(param) not in frozen
+        )
 
     def refresh_weights(self, materialize: bool) -> Iterator[tuple[str, torch.Tensor | None]]:
         """The `weight_plan` weights, whole, one at a time (every rank must iterate: under ZeRO-3 each is gathered
@@ -39,7 +52,9 @@ class WeightPublisher:
         model_type = policy.config.model_type
         for name, param in self._refreshed_parameters():
             lora_layer = policy.get_submodule(name.split(".base_layer.")[0]) if ".base_layer.weight" in name else None
-            params = [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
+            params = (
+                [param, *lora_layer.lora_A.parameters(), *lora_layer.lora_B.parameters()] if lora_layer else [param]
+            )
             with deepspeed.zero.GatheredParameters(params, enabled=self.zero3):
                 weight = None
                 if materialize:
@@ -70,7 +85,9 @@ class WeightPublisher:
         self._shared_weights = None
         torch.cuda.ipc_collect()  # memory the engines opened through IPC is freed only once they let go of it
 
-    def open_weight_channel(self, address: str, port: int, world: int, bucket_bytes: int, timeout: datetime.timedelta) -> None:
+    def open_weight_channel(
+        self, address: str, port: int, world: int, bucket_bytes: int, timeout: datetime.timedelta
+    ) -> None:
         """Rank 0 joins the broadcast group as its rank 0 (returns once every engine worker has joined)."""
         self._channel = WeightChannel(address, port, 0, world, self.weight_plan(), bucket_bytes, timeout)
 
@@ -105,8 +122,13 @@ def _served_name(name: str, model_type: str) -> str:
 
 # Where transformers 5 names a model's modules otherwise than its checkpoints do and vLLM maps no name back (its
 # Qwen-VL and Idefics3 models take transformers' names): (runtime prefix, checkpoint prefix), the first that matches
-CHECKPOINT_PREFIXES = {"qwen2_audio": (("model.language_model.", "language_model.model."),
-                                       ("lm_head.", "language_model.lm_head."), ("model.", ""))}
+CHECKPOINT_PREFIXES = {
+    "qwen2_audio": (
+        ("model.language_model.", "language_model.model."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.", ""),
+    )
+}
 
 
 def _is_lora_factor(name: str) -> bool:

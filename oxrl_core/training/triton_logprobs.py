@@ -24,8 +24,20 @@ BLOCK = 4096  # vocabulary entries per loop iteration: 16 per thread with 8 warp
 
 
 @triton.jit
-def _forward_kernel(logits, stride_b, stride_t, targets, logprobs, lse, entropy, positions, vocab, inv_temperature,
-                    WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+def _forward_kernel(
+    logits,
+    stride_b,
+    stride_t,
+    targets,
+    logprobs,
+    lse,
+    entropy,
+    positions,
+    vocab,
+    inv_temperature,
+    WITH_ENTROPY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)  # one predicting position (b, t) = divmod(row, positions); int64: B*T*V > 2^31
     start = logits + (row // positions) * stride_b + (row % positions) * stride_t
     cols = tl.arange(0, BLOCK)
@@ -51,8 +63,22 @@ def _forward_kernel(logits, stride_b, stride_t, targets, logprobs, lse, entropy,
 
 
 @triton.jit
-def _backward_kernel(logits, grad_logits, stride_b, stride_t, targets, lse, grad, entropy, grad_entropy, positions,
-                     vocab, inv_temperature, WITH_ENTROPY_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _backward_kernel(
+    logits,
+    grad_logits,
+    stride_b,
+    stride_t,
+    targets,
+    lse,
+    grad,
+    entropy,
+    grad_entropy,
+    positions,
+    vocab,
+    inv_temperature,
+    WITH_ENTROPY_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     row_offset = (row // positions) * stride_b + (row % positions) * stride_t
     scale = tl.load(grad + row) * inv_temperature
@@ -74,8 +100,9 @@ def _backward_kernel(logits, grad_logits, stride_b, stride_t, targets, lse, grad
         tl.store(grad_logits + row_offset + offset + cols, row_grad.to(grad_logits.dtype.element_ty), mask=inside)
 
 
-def logprobs_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logprobs_forward(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [B, P, V] (predicting rows, each contiguous), targets [B, P] -> logprobs, logsumexps and entropies
     (or an empty tensor), each float32 [B, P], of softmax(logits / temperature)."""
     batch, positions, vocab = logits.shape
@@ -84,14 +111,33 @@ def logprobs_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     lse = torch.empty_like(logprobs)
     entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
     _forward_kernel[(batch * positions,)](
-        logits, logits.stride(0), logits.stride(1), targets.contiguous(), logprobs, lse, entropy, positions, vocab,
-        1.0 / temperature, WITH_ENTROPY=with_entropy, BLOCK=BLOCK, num_warps=8)
+        logits,
+        logits.stride(0),
+        logits.stride(1),
+        targets.contiguous(),
+        logprobs,
+        lse,
+        entropy,
+        positions,
+        vocab,
+        1.0 / temperature,
+        WITH_ENTROPY=with_entropy,
+        BLOCK=BLOCK,
+        num_warps=8,
+    )
     return logprobs, lse, entropy
 
 
-def logprobs_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
-                      temperature: float, entropy: torch.Tensor, grad_entropy: torch.Tensor | None,
-                      out: torch.Tensor) -> None:
+def logprobs_backward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad: torch.Tensor,
+    temperature: float,
+    entropy: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
     """Write the gradient of the logits [B, P, V] into `out` (their shape, strides and dtype; may be `logits`), given
     the logprobs' gradient `grad` [B, P] and, when the entropies [B, P] have one, `grad_entropy` [B, P]:
     (grad (onehot(target) - p) - grad_entropy p (log p + H)) / T, p = softmax(logits / T). A target outside [0, V)
@@ -100,6 +146,19 @@ def logprobs_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Te
     assert logits.stride(2) == 1 and out.stride() == logits.stride()
     with_entropy_grad = grad_entropy is not None
     _backward_kernel[(batch * positions,)](
-        logits, out, logits.stride(0), logits.stride(1), targets.contiguous(), lse.contiguous(), grad.float().contiguous(),
-        entropy.contiguous() if with_entropy_grad else lse, grad_entropy.float().contiguous() if with_entropy_grad else lse,
-        positions, vocab, 1.0 / temperature, WITH_ENTROPY_GRAD=with_entropy_grad, BLOCK=BLOCK, num_warps=8)
+        logits,
+        out,
+        logits.stride(0),
+        logits.stride(1),
+        targets.contiguous(),
+        lse.contiguous(),
+        grad.float().contiguous(),
+        entropy.contiguous() if with_entropy_grad else lse,
+        grad_entropy.float().contiguous() if with_entropy_grad else lse,
+        positions,
+        vocab,
+        1.0 / temperature,
+        WITH_ENTROPY_GRAD=with_entropy_grad,
+        BLOCK=BLOCK,
+        num_warps=8,
+    )

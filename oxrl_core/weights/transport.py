@@ -52,12 +52,22 @@ def buckets(plan: list[WeightSpec], bucket_bytes: int) -> list[list[WeightSpec]]
 class WeightChannel:
     """This process's end of the broadcast group: rank 0 is the trainer, 1..N the engine workers."""
 
-    def __init__(self, address: str, port: int, rank: int, world: int, plan: list[WeightSpec], bucket_bytes: int,
-                 timeout: datetime.timedelta):
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world: int,
+        plan: list[WeightSpec],
+        bucket_bytes: int,
+        timeout: datetime.timedelta,
+    ):
         """`timeout`: how long joining, and each broadcast, may wait for the others (`watchdog.collective_timeout`)."""
         store = dist.TCPStore(address, port, world, is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore("oxrl-weights", store)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         if self.device.type == "cuda":
             self.group = dist.ProcessGroupNCCL(store, rank, world, timeout)
         else:
@@ -110,7 +120,7 @@ def packed(bucket: list[WeightSpec], weights: Iterator[tuple[str, torch.Tensor]]
     for spec in bucket:
         name, tensor = next(weights)
         assert name == spec.name, f"weight {name} sent where the plan has {spec.name}"
-        flat[offset:offset + spec.numel].copy_(tensor.reshape(-1))
+        flat[offset : offset + spec.numel].copy_(tensor.reshape(-1))
         offset += spec.numel
     return flat
 
@@ -119,7 +129,7 @@ def unpacked(bucket: list[WeightSpec], flat: torch.Tensor) -> Iterator[tuple[str
     """`packed`'s inverse: (name, view of `flat` in the tensor's shape) for each tensor of the bucket."""
     offset = 0
     for spec in bucket:
-        yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
+        yield spec.name, flat[offset : offset + spec.numel].view(spec.shape)
         offset += spec.numel
 
 

@@ -30,16 +30,31 @@ def test_the_cli_module_imports_none_of_the_training_stack():
     """`oxrl --help`, `--version` and shell completion import oxrl_cli.main: torch, Ray, vLLM and DeepSpeed would
     cost seconds before anything is printed. (Its start-up time is a benchmark's business, not a test's.)"""
     heavy = ("torch", "ray", "vllm", "deepspeed", "transformers")
-    loaded = subprocess.run([sys.executable, "-c", f"import sys, oxrl_cli.main; print([m for m in {heavy!r} if m in sys.modules])"],
-                            capture_output=True, text=True, check=True, cwd=REPO)
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, oxrl_cli.main; print([m for m in {heavy!r} if m in sys.modules])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     assert loaded.stdout.strip() == "[]"
 
 
 def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    args = ("train", "rl", "--alg", "sgrpo", f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]",
-            f"run.output_dir={tmp_path}", "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1")
+    args = (
+        "train",
+        "rl",
+        "--alg",
+        "sgrpo",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {data}}}]",
+        f"run.output_dir={tmp_path}",
+        "train.batch_size=8",
+        "train.micro_batch_size=8",
+        "train.grad_accum=1",
+    )
     result = oxrl(*args, "--dry-run")
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
@@ -51,12 +66,21 @@ def test_train_rl_dry_run_validates_an_rl_config(oxrl, tiny_model_dir, tmp_path)
 def test_dry_run_resolves_the_reward_function_as_the_run_would(oxrl, tiny_model_dir, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    common = (f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
-              "train.batch_size=8", "train.micro_batch_size=8", "train.grad_accum=1", "--dry-run")
+    common = (
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {data}}}]",
+        f"run.output_dir={tmp_path}",
+        "train.batch_size=8",
+        "train.micro_batch_size=8",
+        "train.grad_accum=1",
+        "--dry-run",
+    )
     for command in (("train", "rl", "--alg", "cispo"), ("train", "sl", "--alg", "online-dpo")):
         bad = oxrl(*command, *common, "reward.func=no_such_module:fn")
         assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-        assert bad.stderr.strip().splitlines() == ["error: reward.func='no_such_module:fn': cannot import (No module named 'no_such_module')"]
+        assert bad.stderr.strip().splitlines() == [
+            "error: reward.func='no_such_module:fn': cannot import (No module named 'no_such_module')"
+        ]
         assert oxrl(*command, *common, "reward.func=math").returncode == 0
 
 
@@ -76,14 +100,24 @@ def test_missing_model_path_is_one_clear_line(oxrl, tmp_path):
     result = oxrl("train", "sl", "model.name_or_path=/does/not/exist", f"data.train=[{{path: {data}}}]")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "error: model.name_or_path='/does/not/exist': no such folder; give a model folder, a Hub id (org/name) or oxrl-tiny")
+        "error: model.name_or_path='/does/not/exist': no such folder; give a model folder, a Hub id (org/name) or oxrl-tiny"
+    )
 
 
 def test_dry_run_prints_the_resolved_config_which_round_trips(oxrl, tiny_model_dir, tmp_path):
     data = tmp_path / "t.jsonl"
     data.write_text('{"prompt": "a", "completion": "b"}\n')
-    first = oxrl("train", "sl", "--config", str(REPO / "examples" / "sft_tiny.yaml"), "--dry-run",
-                 f"model.name_or_path={tiny_model_dir}", f"data.train=[{{path: {data}}}]", "data.val=null", "train.lr=2e-5")
+    first = oxrl(
+        "train",
+        "sl",
+        "--config",
+        str(REPO / "examples" / "sft_tiny.yaml"),
+        "--dry-run",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {data}}}]",
+        "data.val=null",
+        "train.lr=2e-5",
+    )
     assert first.returncode == 0, first.stderr
     resolved = yaml.safe_load(first.stdout)
     assert resolved["train"]["lr"] == 2e-5 and resolved["train"]["alg"] == "sft"
@@ -102,11 +136,14 @@ def test_shipped_completion_scripts_match_the_app(oxrl, shell):
     assert shipped.read_text() == result.stdout, f"regenerate with: _OXRL_COMPLETE=source_{shell} oxrl > {shipped}"
 
 
-@pytest.mark.parametrize("words, expected", [
-    ("oxrl train sl --alg ", list(SL_ALGS)),  # every registered name of the loop, its default first
-    ("oxrl train sl --alg s", ["sft", "simpo", "spin"]),
-    ("oxrl train rl --alg ", list(RL_ALGS)),
-])
+@pytest.mark.parametrize(
+    "words, expected",
+    [
+        ("oxrl train sl --alg ", list(SL_ALGS)),  # every registered name of the loop, its default first
+        ("oxrl train sl --alg s", ["sft", "simpo", "spin"]),
+        ("oxrl train rl --alg ", list(RL_ALGS)),
+    ],
+)
 def test_alg_completes_the_algorithm_names(oxrl, words, expected):
     # what the shipped bash script asks the app for at a TAB
     cword = len(words.split()) - (not words.endswith(" "))

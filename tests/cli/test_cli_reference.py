@@ -31,8 +31,17 @@ def test_the_generated_block_is_current():
 def test_every_command_and_option_of_the_app_is_on_the_page():
     block = _block()
     commands = dict(_commands(get_command(app)))
-    assert {"oxrl train sl", "oxrl train rl", "oxrl demo", "oxrl doctor", "oxrl onboard", "oxrl eval",
-            "oxrl preprocess", "oxrl merge-lora", "oxrl report"} <= set(commands)
+    assert {
+        "oxrl train sl",
+        "oxrl train rl",
+        "oxrl demo",
+        "oxrl doctor",
+        "oxrl onboard",
+        "oxrl eval",
+        "oxrl preprocess",
+        "oxrl merge-lora",
+        "oxrl report",
+    } <= set(commands)
     missing = [name for name in commands if f"\n## {name}\n" not in block]
     assert not missing, (missing, REGENERATE)
     sections = {name: block.split(f"\n## {name}\n")[1].split("\n## ")[0] for name in commands}
@@ -45,20 +54,26 @@ def test_every_command_and_option_of_the_app_is_on_the_page():
 def test_alg_defaults_to_the_configs_train_alg():
     block = _block()
     for kind, fallback in (("sl", "sft"), ("rl", "cispo")):
-        row = next(line for line in block.split(f"\n## oxrl train {kind}\n")[1].splitlines() if line.startswith("| `--alg`"))
+        row = next(
+            line for line in block.split(f"\n## oxrl train {kind}\n")[1].splitlines() if line.startswith("| `--alg`")
+        )
         assert f"`train.alg` of the config (else `{fallback}`)" in row
 
 
 def test_a_new_command_or_option_changes_the_block(monkeypatch):
     """What the staleness check rests on: the generator reads the app, so an addition shows up in its output."""
 
-    def demo(seed: int = typer.Option(0, "--seed"), fast: bool = typer.Option(False, "--fast", help="Fewer steps.")) -> None:
+    def demo(
+        seed: int = typer.Option(0, "--seed"), fast: bool = typer.Option(False, "--fast", help="Fewer steps.")
+    ) -> None:
         """The demo, with an option added."""
 
     def fresh(path: Path = typer.Argument(..., help="Somewhere.")) -> None:
         """A command added without regenerating."""
 
-    commands = [CommandInfo(callback=demo) if info.callback.__name__ == "demo" else info for info in app.registered_commands]
+    commands = [
+        CommandInfo(callback=demo) if info.callback.__name__ == "demo" else info for info in app.registered_commands
+    ]
     monkeypatch.setattr(app, "registered_commands", [*commands, CommandInfo(name="fresh", callback=fresh)])
     changed = reference_markdown(app)
     assert changed.strip() != _block()

@@ -41,5 +41,7 @@ def test_every_relative_link_and_anchor_of_the_pages_resolves():
 
 def test_anchors_are_the_ids_github_gives_headings(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Title\n\n## The `model` section (rl runs)\n\n```bash\n# not a heading\n```\n\n## Title\n## Q: why?\n")
+    page.write_text(
+        "# Title\n\n## The `model` section (rl runs)\n\n```bash\n# not a heading\n```\n\n## Title\n## Q: why?\n"
+    )
     assert _anchors(page) == {"title", "the-model-section-rl-runs", "title-1", "q-why"}

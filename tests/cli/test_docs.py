@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import yaml
+from doc_pages import DOCS, PAGES, REPO, blocks, commands, quickstart_lines
 from typer.main import get_command
 
-from doc_pages import DOCS, PAGES, REPO, blocks, commands, quickstart_lines
 from oxrl_core.config.reference import END, START, reference_markdown
 
 README = (REPO / "README.md").read_text()
@@ -22,7 +22,9 @@ GENERATED = {DOCS / "reference" / "config.md", DOCS / "reference" / "cli.md"}
 def test_config_reference_is_generated_from_the_schema():
     page = (DOCS / "reference" / "config.md").read_text()
     block = page.split(START)[1].split(END)[0].strip()
-    assert block == reference_markdown().strip(), "stale: run python -m oxrl_core.config.reference docs/reference/config.md"
+    assert block == reference_markdown().strip(), (
+        "stale: run python -m oxrl_core.config.reference docs/reference/config.md"
+    )
 
 
 def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite():
@@ -32,7 +34,11 @@ def test_the_two_commands_are_the_makefile_targets_and_ci_runs_the_whole_suite()
     makefile = (REPO / "Makefile").read_text()
     assert "\ndemo: install\n\t.venv/bin/oxrl demo\n" in makefile and "\ntest: install\n" in makefile
     assert "\ntest-all: install\n" in makefile and "`make test-all`" in README
-    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    ci = [
+        line
+        for line in (REPO / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
     assert ci == ["make test-all"]
 
 
@@ -125,8 +131,10 @@ def test_every_json_line_and_config_fragment_a_page_shows_parses():
     from oxrl_core.config.schema import RLConfig, SLConfig
     from oxrl_core.errors import OxrlError
 
-    examples = [(RLConfig, yaml.safe_load((REPO / "examples" / "cispo_tiny.yaml").read_text())),
-                (SLConfig, yaml.safe_load((REPO / "examples" / "sft_tiny.yaml").read_text()))]
+    examples = [
+        (RLConfig, yaml.safe_load((REPO / "examples" / "cispo_tiny.yaml").read_text())),
+        (SLConfig, yaml.safe_load((REPO / "examples" / "sft_tiny.yaml").read_text())),
+    ]
     for block in blocks("yaml"):  # a fragment of a config: set on a shipped example, it validates as an RL or SL run's
         fragment = yaml.safe_load(block.text)
         assert isinstance(fragment, dict) and set(fragment) <= CONFIG_SECTIONS, (block.where, sorted(fragment))
@@ -154,14 +162,19 @@ def test_every_python_snippet_a_page_shows_runs(tmp_path):
     snippets = [b for b in blocks("python") if "Trainer(" not in b.text]
     assert snippets
     for block in snippets:
-        result = subprocess.run([sys.executable, "-c", block.text], cwd=REPO, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", block.text], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
         assert result.returncode == 0, (block.where, result.stderr[-2000:])
 
 
 def test_the_readme_stays_a_page_and_no_docs_page_is_a_book():
     assert len(README.splitlines()) <= 200
-    long_pages = [f"{p.relative_to(REPO)}: {n}" for p in DOCS.rglob("*.md") if p not in GENERATED
-                  and (n := len(p.read_text().splitlines())) > 400]
+    long_pages = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in DOCS.rglob("*.md")
+        if p not in GENERATED and (n := len(p.read_text().splitlines())) > 400
+    ]
     assert not long_pages
 
 
@@ -185,7 +198,9 @@ def test_user_pages_name_no_test_file_session_commit_or_file_outside_the_reposit
     assert not found, "\n".join(found)
 
 
-def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_data(tmp_path, tiny_model_dir, monkeypatch):
+def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_data(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     """examples/cispo_lora_7b.yaml names a Hub model and GSM8K, which these machines cannot download: everything else
     in it (LoRA targets, batch arithmetic, rollout lengths) is validated with the tiny model and one prompt."""
     from typer.testing import CliRunner
@@ -195,8 +210,16 @@ def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_da
     monkeypatch.chdir(REPO)
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    base = ["train", "rl", "--config", "examples/cispo_lora_7b.yaml", "--dry-run", f"model.name_or_path={tiny_model_dir}",
-            f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
+    base = [
+        "train",
+        "rl",
+        "--config",
+        "examples/cispo_lora_7b.yaml",
+        "--dry-run",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {data}}}]",
+        f"run.output_dir={tmp_path}",
+    ]
     for overrides in ([], ["rollout.gpu_memory_utilization=0.45", "train.micro_batch_size=8", "train.grad_accum=64"]):
         result = CliRunner().invoke(app, [*base, *overrides])
         assert result.exit_code == 0 and result.exception is None, (overrides, result.output, result.exception)
@@ -222,7 +245,8 @@ def test_every_shipped_example_validates_as_shipped(example, tmp_path, tiny_mode
     monkeypatch.chdir(tmp_path)
     alg = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())["train"]["alg"]
     loop = "rl" if alg in RL_ALGS else "sl"
-    result = CliRunner().invoke(app, ["train", loop, "--config", f"examples/{example}.yaml", "--dry-run",
-                                      f"run.output_dir={tmp_path / 'runs'}"])
+    result = CliRunner().invoke(
+        app, ["train", loop, "--config", f"examples/{example}.yaml", "--dry-run", f"run.output_dir={tmp_path / 'runs'}"]
+    )
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     assert f"alg: {alg}" in result.output

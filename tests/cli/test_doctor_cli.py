@@ -27,9 +27,30 @@ def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl)
     report = report_of(result)
     assert result.returncode == (1 if report["status"] == "fail" else 0), result.stdout
     checks = checks_of(report)
-    for name in ("python", "os", "cpu", "ram", "disk OXRL_DATA_DIR", "disk OXRL_CHECKPOINT_DIR", "/dev/shm", "nvcc",
-                 "torch", "transformers", "peft", "deepspeed", "vllm", "vision", "audio", "ray", "datasets", "mlflow", "huggingface",
-                 "deepspeed accelerator", "ray cluster", "all-reduce"):
+    for name in (
+        "python",
+        "os",
+        "cpu",
+        "ram",
+        "disk OXRL_DATA_DIR",
+        "disk OXRL_CHECKPOINT_DIR",
+        "/dev/shm",
+        "nvcc",
+        "torch",
+        "transformers",
+        "peft",
+        "deepspeed",
+        "vllm",
+        "vision",
+        "audio",
+        "ray",
+        "datasets",
+        "mlflow",
+        "huggingface",
+        "deepspeed accelerator",
+        "ray cluster",
+        "all-reduce",
+    ):
         assert name in checks, name
     if "gpu" in checks:  # no NVIDIA GPU here: CPU mode, explained, not a failure
         assert checks["gpu"]["status"] == "ok" and "CPU mode" in checks["gpu"]["finding"]
@@ -81,8 +102,11 @@ def test_a_stale_build_lock_makes_the_doctor_warn_and_a_run_stop_at_once_naming_
     check = checks_of(report_of(oxrl("doctor", "--json", env=env)))["build locks"]
     assert check["status"] == "warn" and "1.0 h old" in check["finding"] and check["fix"] == f"rm {lock}", check
     start = time.monotonic()
-    run = oxrl("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={tmp_path}", env=env)
+    run = oxrl(
+        "train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={tmp_path}", env=env
+    )
     assert time.monotonic() - start < 60
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == (
         f"error: {lock}: a build lock left by an interrupted build (1.0 h old, held by no process); every run that "
-        f"builds this op waits on it. Clear it: rm {lock}"), run.stderr[-2000:]
+        f"builds this op waits on it. Clear it: rm {lock}"
+    ), run.stderr[-2000:]

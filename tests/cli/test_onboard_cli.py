@@ -1,6 +1,7 @@
 """`oxrl onboard` through the console script: the report, the files it writes, its errors, --list, --verify."""
 
 import shutil
+
 import pytest
 import yaml
 
@@ -12,8 +13,14 @@ WIDE = {"COLUMNS": "250"}  # rich wraps table cells to the terminal's width
 def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_configs(oxrl, tiny_model_dir, tmp_path):
     result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, env=WIDE)
     assert result.returncode == 0, result.stderr
-    for row in ("Qwen2ForCausalLM (qwen2)", "causal-lm", "renders user/assistant with a generation prompt", "supports it",
-                "full fine-tuning", "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"):
+    for row in (
+        "Qwen2ForCausalLM (qwen2)",
+        "causal-lm",
+        "renders user/assistant with a generation prompt",
+        "supports it",
+        "full fine-tuning",
+        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+    ):
         assert row in result.stdout, row
     entry = load_entry(tmp_path / f"local--{tiny_model_dir.name}.yaml")
     assert entry.model == str(tiny_model_dir) and entry.status == "config-ready" and entry.recommended_mode == "full"
@@ -24,12 +31,17 @@ def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_confi
         assert yaml.safe_load(check.stdout)["model"]["name_or_path"] == str(tiny_model_dir)
 
 
-@pytest.mark.parametrize("model_dir, architecture, model_class, task", [
-    ("tiny_qwen3_vl_model_dir", "Qwen3VLForConditionalGeneration", "image-text-to-text", "squares"),
-    ("tiny_smolvlm_model_dir", "Idefics3ForConditionalGeneration", "image-text-to-text", "squares"),
-    ("tiny_audio_model_dir", "Qwen2AudioForConditionalGeneration", "audio-text-to-text", "beeps")])
+@pytest.mark.parametrize(
+    "model_dir, architecture, model_class, task",
+    [
+        ("tiny_qwen3_vl_model_dir", "Qwen3VLForConditionalGeneration", "image-text-to-text", "squares"),
+        ("tiny_smolvlm_model_dir", "Idefics3ForConditionalGeneration", "image-text-to-text", "squares"),
+        ("tiny_audio_model_dir", "Qwen2AudioForConditionalGeneration", "audio-text-to-text", "beeps"),
+    ],
+)
 def test_onboarding_each_tiny_multimodal_model_writes_a_trainable_entry_and_configs_on_its_counting_task(
-        oxrl, request, tmp_path, model_dir, architecture, model_class, task):
+    oxrl, request, tmp_path, model_dir, architecture, model_class, task
+):
     model_dir = request.getfixturevalue(model_dir)
     result = oxrl("onboard", model_dir, "--out", tmp_path, env=WIDE)
     assert result.returncode == 0, result.stderr
@@ -81,7 +93,9 @@ def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl,
     folder = tiny_vl_model_dir
     assert oxrl("onboard", folder, "--out", tmp_path).returncode == 0
     config = tmp_path / f"local--{folder.name}" / "sft.yaml"
-    result = oxrl("train", "sl", "--config", config, "train.steps=1", "data.val=null", f"run.output_dir={tmp_path / 'runs'}")
+    result = oxrl(
+        "train", "sl", "--config", config, "train.steps=1", "data.val=null", f"run.output_dir={tmp_path / 'runs'}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "runs" / f"{folder.name}-sft" / "final" / "model.safetensors").is_file()
 

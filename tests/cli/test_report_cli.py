@@ -29,12 +29,15 @@ def failed_run(tmp_path):
 
 class GitHubStandIn(BaseHTTPRequestHandler):
     """Answers POST /repos/{owner}/{repo}/issues with `status` and records each request."""
+
     status, requests = 201, []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
-        answer = ({"html_url": "https://github.com/o/r/issues/7"} if self.status == 201 else {"message": "Bad credentials"})
+        answer = (
+            {"html_url": "https://github.com/o/r/issues/7"} if self.status == 201 else {"message": "Bad credentials"}
+        )
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -93,10 +96,13 @@ def test_an_api_that_does_not_answer_is_one_line_exits_non_zero_and_keeps_the_re
     assert (failed_run / "issue.md").is_file()
 
 
-@pytest.mark.parametrize("repository, env, says", [
-    ("o/r", {"GITHUB_TOKEN": ""}, "--submit o/r: GITHUB_TOKEN is not set"),
-    ("just-a-name", LOCAL, "--submit 'just-a-name': give the repository as OWNER/REPO"),
-])
+@pytest.mark.parametrize(
+    "repository, env, says",
+    [
+        ("o/r", {"GITHUB_TOKEN": ""}, "--submit o/r: GITHUB_TOKEN is not set"),
+        ("just-a-name", LOCAL, "--submit 'just-a-name': give the repository as OWNER/REPO"),
+    ],
+)
 def test_submit_without_a_token_or_with_a_malformed_repository_is_one_line(oxrl, failed_run, repository, env, says):
     result = oxrl("report", failed_run, "--submit", repository, env=env)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and says in result.stderr, result.stderr

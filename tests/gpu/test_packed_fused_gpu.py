@@ -15,8 +15,15 @@ LENGTHS = [300, 17, 640, 1, 128]
 
 
 def model(attention: str, dtype: torch.dtype) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=2, num_attention_heads=14,
-                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        num_hidden_layers=2,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM._from_config(config, attn_implementation=attention, dtype=dtype).cuda()
 
@@ -43,7 +50,10 @@ def test_packed_and_fused_equal_the_padded_logits_path_on_the_gpu(dtype, toleran
     inputs = pack(input_ids, attention_mask)
     with head.scoring(inputs["input_ids"], 0.7, True):
         packed_logprobs, packed_entropy = packed_model(**inputs).logits
-    got_logprobs, got_entropy = unpack(packed_logprobs, unpacking(attention_mask)), unpack(packed_entropy, unpacking(attention_mask))
+    got_logprobs, got_entropy = (
+        unpack(packed_logprobs, unpacking(attention_mask)),
+        unpack(packed_entropy, unpacking(attention_mask)),
+    )
     ((got_logprobs + got_entropy) * weights).sum().backward()
 
     assert (got_logprobs - logprobs * real).abs().max() <= tolerance
@@ -61,9 +71,18 @@ def test_a_vision_towers_flash_varlen_attention_equals_its_per_window_sdpa_on_th
 
     from oxrl_core.training.packing import VISION_ATTENTION
 
-    config = Qwen2_5_VLConfig(vision_config=dict(depth=2, hidden_size=1280, intermediate_size=3420, num_heads=16,
-                                                 out_hidden_size=2048, hidden_act="silu", window_size=112,
-                                                 fullatt_block_indexes=[1])).vision_config
+    config = Qwen2_5_VLConfig(
+        vision_config=dict(
+            depth=2,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            hidden_act="silu",
+            window_size=112,
+            fullatt_block_indexes=[1],
+        )
+    ).vision_config
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, dtype=torch.bfloat16).cuda()

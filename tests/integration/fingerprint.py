@@ -26,6 +26,7 @@ SEEN: dict[str, dict] = {}  # this session's runs: name -> numbers
 
 def numerics_key() -> dict:
     """What decides a CPU run's float32 numbers: the kernels' libraries and the instruction set they pick."""
+
     def installed(package: str) -> str:
         try:
             return version(package)
@@ -38,9 +39,13 @@ def numerics_key() -> dict:
 
 def numbers(summary: dict) -> dict:
     """What the fingerprint keeps of a run's summary: per step, and before and after training, every number."""
+
     def kept(entry: dict) -> dict:
-        return {k: v for k, v in entry.items()
-                if isinstance(v, (int, float)) and not any(part in k for part in NOT_NUMERICS)}
+        return {
+            k: v
+            for k, v in entry.items()
+            if isinstance(v, (int, float)) and not any(part in k for part in NOT_NUMERICS)
+        }
 
     out = {f"step {h['step']}": kept(h) for h in summary["history"]}
     for key in ("eval_before", "eval_after"):

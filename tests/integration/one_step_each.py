@@ -29,8 +29,8 @@ from oxrl_core.loops.train import recipe_for
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.resolve.run import ResolvedRun, resolve_run
 from oxrl_core.rewards import resolve_reward
-from oxrl_core.rollout.records import Completion, SampleRequest
 from oxrl_core.rollout.pool import RolloutPool
+from oxrl_core.rollout.records import Completion, SampleRequest
 from oxrl_core.training.engine import TrainEngine
 
 # The example each algorithm starts from where it has none of its own (GSPO-token is GSPO at the token level).
@@ -62,7 +62,7 @@ class AnsweringSampler(RolloutPool):
     def stream(self, requests: list[SampleRequest], groups: list[int], follow_up=None):
         for r in requests:
             answer = self.answers.get(prompt_key(r.prompt_ids, r.media), "") if r.key % 2 == 0 else "none"
-            ids = self.tokenizer.encode(f"<answer>{answer}</answer>", add_special_tokens=False)[:r.max_tokens - 1]
+            ids = self.tokenizer.encode(f"<answer>{answer}</answer>", add_special_tokens=False)[: r.max_tokens - 1]
             ids.append(self.tokenizer.eos_token_id)
             yield Completion(r.key, ids, [-1.0] * len(ids), "stop", [(self.version, 0)])
 
@@ -77,9 +77,15 @@ def prompt_key(prompt_ids: list[int], media) -> tuple:
 
 def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> dict:
     algorithm = ALGORITHMS[alg]
-    overrides = [f"train.alg={alg}", f"model.name_or_path={model_path}", "run.train_ranks=1", "deepspeed.zero_stage=2",
-                 "train.warmup_steps=0",
-                 f"run.output_dir={out}", *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH)]
+    overrides = [
+        f"train.alg={alg}",
+        f"model.name_or_path={model_path}",
+        "run.train_ranks=1",
+        "deepspeed.zero_stage=2",
+        "train.warmup_steps=0",
+        f"run.output_dir={out}",
+        *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH),
+    ]
     if algorithm.teacher:
         overrides.append(f"train.kd.teacher={model_path}")
     resolved = resolve_run(algorithm.loop, example, overrides)
@@ -91,8 +97,12 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
     run = Run(config, path, algorithm, Console(stderr=True), run_dir, {}, tokenizer, pad_id, reward_fn, None)
     recipe = recipe_for(algorithm)(run)
     data = getattr(recipe, "prompt_sets", None) or recipe.train_sets
-    answers = {prompt_key(p.prompt_ids, p.media): str(p.record.get("answer", "")) for s in data for p in s
-               if hasattr(p, "record")}
+    answers = {
+        prompt_key(p.prompt_ids, p.media): str(p.record.get("answer", ""))
+        for s in data
+        for p in s
+        if hasattr(p, "record")
+    }
     engine = TrainEngine(resolved.trainer, path, 0, 1, ("127.0.0.1", port), run_dir / "logs")
     group = run.group = OneRank(engine)
     run.pool = AnsweringSampler(resolved, tokenizer, answers) if algorithm.generates else None

@@ -15,8 +15,18 @@ EXAMPLE = "examples/dapo_tiny.yaml"
 
 def dapo_example(oxrl, shipped_sft_run, out, seed: int) -> list[dict]:
     """The example's two steps at `seed` (its data order and samples); returns the history."""
-    result = oxrl("train", "rl", "--alg", "dapo", "--config", EXAMPLE, "train.steps=2", f"train.seed={seed}",
-                  f"model.name_or_path={shipped_sft_run / 'final'}", f"run.output_dir={out}")
+    result = oxrl(
+        "train",
+        "rl",
+        "--alg",
+        "dapo",
+        "--config",
+        EXAMPLE,
+        "train.steps=2",
+        f"train.seed={seed}",
+        f"model.name_or_path={shipped_sft_run / 'final'}",
+        f"run.output_dir={out}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "dapo-tiny" / "summary.json").read_text())["history"]
 

@@ -73,8 +73,13 @@ print(json.dumps({"rl": nan_step(RLConfig), "sl": nan_step(SLConfig),
 def steps() -> dict:
     """Under the RL and the SL engine's DeepSpeed config: one bf16 step whose gradient is NaN, and four steps counting
     the device synchronizations."""
-    result = subprocess.run([sys.executable, "-c", STEP], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    result = subprocess.run(
+        [sys.executable, "-c", STEP],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

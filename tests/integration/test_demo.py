@@ -40,8 +40,9 @@ def curves_of(stdout: str) -> Path:
 
 
 def test_the_demo_shortened_to_two_steps_a_run_trains_evaluates_and_reports_through_the_cli(tmp_path):
-    result = subprocess.run([sys.executable, "-c", SHORT_DEMO, str(tmp_path)], cwd=REPO, capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", SHORT_DEMO, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = table_rows(result.stdout)
     assert rows["SFT"].startswith("2 steps, eval loss ") and rows["CISPO"] == "2 steps", rows
@@ -49,8 +50,10 @@ def test_the_demo_shortened_to_two_steps_a_run_trains_evaluates_and_reports_thro
         for decoding in ("sampled, T=1", "greedy"):
             assert 0 <= float(rows[f"accuracy after {stage} ({decoding})"]) <= 1, rows
     assert curves_of(result.stdout).read_bytes()[:4] == b"\x89PNG"
-    assert all(yaml.safe_load((tmp_path / name).read_text())["train"]["steps"] == 2
-               for name in ("demo_sft.yaml", "demo_rl.yaml"))  # what ran was the embedded configs, shortened
+    assert all(
+        yaml.safe_load((tmp_path / name).read_text())["train"]["steps"] == 2
+        for name in ("demo_sft.yaml", "demo_rl.yaml")
+    )  # what ran was the embedded configs, shortened
 
 
 @pytest.mark.own_ray_cluster  # `make demo` as a user runs it: no RAY_ADDRESS, so each run starts and stops its cluster

@@ -11,10 +11,18 @@ pytestmark = pytest.mark.integration
 
 # the calculator's episodes are unit-tested (tests/unit/test_envs.py); the game's run is the whole suite's multi-turn run
 @pytest.mark.parametrize("example", [pytest.param("cispo_tools_tiny", marks=pytest.mark.slow), "cispo_game_tiny"])
-def test_two_cispo_steps_of_an_environment_example_train_the_policys_tokens_from_the_refreshed_engine(example, tmp_path,
-                                                                                                      shipped_sft_run, oxrl):
-    result = oxrl("train", "rl", "--config", f"examples/{example}.yaml", "train.steps=2", f"run.output_dir={tmp_path}",
-                  f"model.name_or_path={shipped_sft_run / 'final'}")
+def test_two_cispo_steps_of_an_environment_example_train_the_policys_tokens_from_the_refreshed_engine(
+    example, tmp_path, shipped_sft_run, oxrl
+):
+    result = oxrl(
+        "train",
+        "rl",
+        "--config",
+        f"examples/{example}.yaml",
+        "train.steps=2",
+        f"run.output_dir={tmp_path}",
+        f"model.name_or_path={shipped_sft_run / 'final'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / example.replace("_", "-") / "summary.json").read_text())
     steps = summary["history"]

@@ -57,10 +57,21 @@ def test_the_pages_compare_command_reports_pass_at_k_of_its_samples_for_both_mod
     prompts = write_jsonl(arithmetic_problems(4, seed=3), tmp_path / "prompts.jsonl")
     other = perturbed_copy(tiny_model_dir, tmp_path / "perturbed")
     out, threshold = tmp_path / "eval", 0.5
-    args = with_values(shlex.split(lines[0])[1:], {
-        "--model": str(tiny_model_dir), "--compare": str(other), "--data": str(prompts),
-        "--reward": "test_eval:chars_mod_4", "--correct-threshold": str(threshold), "--n": "4", "--k": "1,2,4",
-        "--max-tokens": "8", "--gpu-memory-utilization": "0.1", "--out": str(out)})
+    args = with_values(
+        shlex.split(lines[0])[1:],
+        {
+            "--model": str(tiny_model_dir),
+            "--compare": str(other),
+            "--data": str(prompts),
+            "--reward": "test_eval:chars_mod_4",
+            "--correct-threshold": str(threshold),
+            "--n": "4",
+            "--k": "1,2,4",
+            "--max-tokens": "8",
+            "--gpu-memory-utilization": "0.1",
+            "--out": str(out),
+        },
+    )
     result = oxrl(*args, env={"PYTHONPATH": str(HERE)})
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -70,8 +81,17 @@ def test_the_pages_compare_command_reports_pass_at_k_of_its_samples_for_both_mod
         lines = [json.loads(line) for line in (out / label / "samples.jsonl").read_text().splitlines()]
         assert summary["model"] == str(model) and summary["prompts"] == 4 and summary["samples"] == len(lines) == 16
         metrics = summary["metrics"]
-        assert set(metrics) == {"pass@1", "pass@2", "pass@4", "reward_mean", "response_length_mean",
-                                "response_length_median", "response_length_max", "truncated_share", "reward_errors"}
+        assert set(metrics) == {
+            "pass@1",
+            "pass@2",
+            "pass@4",
+            "reward_mean",
+            "response_length_mean",
+            "response_length_median",
+            "response_length_max",
+            "truncated_share",
+            "reward_errors",
+        }
         correct = [sum(s["reward"] >= threshold for s in lines if s["prompt_index"] == p) for p in range(4)]
         for k in (1, 2, 4):
             assert metrics[f"pass@{k}"] == pytest.approx(pass_at_k_reference(correct, 4, k), abs=1e-12), k
@@ -79,8 +99,9 @@ def test_the_pages_compare_command_reports_pass_at_k_of_its_samples_for_both_mod
         assert metrics["response_length_max"] == max(s["length"] for s in lines) <= 8
         assert metrics["truncated_share"] == sum(s["finish_reason"] == "length" for s in lines) / 16
         assert metrics["reward_errors"] == 0
-        assert all(s["reward"] == chars_mod_4(s["response"], {}) and s["correct"] == (s["reward"] >= threshold)
-                   for s in lines)
+        assert all(
+            s["reward"] == chars_mod_4(s["response"], {}) and s["correct"] == (s["reward"] >= threshold) for s in lines
+        )
         assert 0 < sum(correct) < 16  # the reward told samples apart, so the pass@k check above means something
         samples[label] = [s["response"] for s in lines]
     assert samples["model_a"] != samples["model_b"]  # B is the perturbed model, not A again

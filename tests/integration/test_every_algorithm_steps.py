@@ -23,17 +23,36 @@ REPO = Path(__file__).resolve().parents[2]
 # What each family's step reports besides loss, grad_norm and lr: the recipe's and the loss's own metrics.
 RL_METRICS = {"accuracy", "reward_mean", "entropy", "clip_frac", "logprob_gap_kl", "policy_version", "response_length"}
 PAIR_METRICS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"}
-OWN_METRICS = {"ppo": {"value_loss"}, "grpo": {"kl_ref"}, "sgrpo": {"kl_ref"}, "dapo": {"groups_dropped"},
-               "sft": {"nll"}, "cpt": {"nll"}, "kd": {"nll", "kl"}, "rft": {"nll", "rft_kept"},
-               "kto": {"kl_baseline", "rewards/desirable", "rewards/undesirable"}, "orpo": PAIR_METRICS | {"log_odds_chosen"},
-               "dpo": PAIR_METRICS, "ipo": PAIR_METRICS, "simpo": PAIR_METRICS, "rm": PAIR_METRICS, "spin": PAIR_METRICS,
-               "online-dpo": PAIR_METRICS | {"reward_mean", "tied_prompts_frac"}}
+OWN_METRICS = {
+    "ppo": {"value_loss"},
+    "grpo": {"kl_ref"},
+    "sgrpo": {"kl_ref"},
+    "dapo": {"groups_dropped"},
+    "sft": {"nll"},
+    "cpt": {"nll"},
+    "kd": {"nll", "kl"},
+    "rft": {"nll", "rft_kept"},
+    "kto": {"kl_baseline", "rewards/desirable", "rewards/undesirable"},
+    "orpo": PAIR_METRICS | {"log_odds_chosen"},
+    "dpo": PAIR_METRICS,
+    "ipo": PAIR_METRICS,
+    "simpo": PAIR_METRICS,
+    "rm": PAIR_METRICS,
+    "spin": PAIR_METRICS,
+    "online-dpo": PAIR_METRICS | {"reward_mean", "tied_prompts_frac"},
+}
 
 
 def one_step_each(out: Path, model: Path | str, steps: list[str]) -> dict:
     """`one_step_each.py`'s results for `steps` (its STEP arguments, bare algorithms on `model`), by STEP."""
-    rank = subprocess.run([sys.executable, str(SCRIPT), str(model), str(out), str(free_port()), *steps], cwd=REPO,
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True, timeout=600)
+    rank = subprocess.run(
+        [sys.executable, str(SCRIPT), str(model), str(out), str(free_port()), *steps],
+        cwd=REPO,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rank.returncode == 0, rank.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 
@@ -65,15 +84,22 @@ def test_each_algorithm_takes_an_optimizer_step_from_its_example_with_its_metric
 # Each multimodal family's trainer side on its examples' records (the squares task's images, the beeps task's clips):
 # processor, encoder, placeholders and position ids under each loop's loss. Their vLLM models are checked against the
 # trainer after a refresh in test_vlm.py (Qwen2-VL's and Qwen2-Audio's in the whole suite).
-MEDIA_FAMILIES = {"qwen2_vl": ("vlm", "tiny_vl_model_dir"), "qwen3_vl": ("vlm", "tiny_qwen3_vl_model_dir"),
-                  "smolvlm": ("vlm", "tiny_smolvlm_model_dir"), "qwen2_audio": ("audio", "tiny_audio_model_dir")}
+MEDIA_FAMILIES = {
+    "qwen2_vl": ("vlm", "tiny_vl_model_dir"),
+    "qwen3_vl": ("vlm", "tiny_qwen3_vl_model_dir"),
+    "smolvlm": ("vlm", "tiny_smolvlm_model_dir"),
+    "qwen2_audio": ("audio", "tiny_audio_model_dir"),
+}
 MEDIA_ALGS = ("sft", "dpo", "cispo")
 
 
 @pytest.fixture(scope="module")
 def media_steps(tmp_path_factory, request) -> dict:
-    entries = {(family, alg): f"{alg}:{prefix}_{alg}_tiny:{request.getfixturevalue(model)}"
-               for family, (prefix, model) in MEDIA_FAMILIES.items() for alg in MEDIA_ALGS}
+    entries = {
+        (family, alg): f"{alg}:{prefix}_{alg}_tiny:{request.getfixturevalue(model)}"
+        for family, (prefix, model) in MEDIA_FAMILIES.items()
+        for alg in MEDIA_ALGS
+    }
     # each step names its model: none is a bare algorithm
     results = one_step_each(tmp_path_factory.mktemp("one-step-media"), "unused", list(entries.values()))
     return {key: results[entry] for key, entry in entries.items()}

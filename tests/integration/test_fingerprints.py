@@ -5,7 +5,6 @@ import json
 import math
 
 import pytest
-
 from fingerprint import FILE, SEEN, TOLERANCE, numerics_key
 
 RECORDED = json.loads(FILE.read_text())
@@ -27,4 +26,5 @@ def test_run_gives_its_recorded_numbers(name):
         assert values.keys() <= got[where].keys(), (name, where, sorted(got[where]), sorted(values))
         for key, value in values.items():
             assert math.isclose(got[where][key], value, rel_tol=TOLERANCE, abs_tol=TOLERANCE) or (
-                math.isnan(value) and math.isnan(got[where][key])), (name, where, key, got[where][key], value)
+                math.isnan(value) and math.isnan(got[where][key])
+            ), (name, where, key, got[where][key], value)

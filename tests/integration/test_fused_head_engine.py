@@ -100,11 +100,18 @@ def untied_copy(tiny_model_dir, folder):
     return folder
 
 
-def test_fused_head_gives_the_logits_path_s_values_and_gradients_under_zero_0_2_and_3_on_two_ranks(tmp_path, tiny_model_dir):
+def test_fused_head_gives_the_logits_path_s_values_and_gradients_under_zero_0_2_and_3_on_two_ranks(
+    tmp_path, tiny_model_dir
+):
     untied = untied_copy(tiny_model_dir, tmp_path / "untied")
     port = free_port()
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port), str(tiny_model_dir), str(untied), str(tmp_path)],
-                              env={**os.environ, "DS_ACCELERATOR": "cpu"}) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), str(port), str(tiny_model_dir), str(untied), str(tmp_path)],
+            env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        )
+        for rank in (0, 1)
+    ]
     assert [rank.wait(timeout=600) for rank in ranks] == [0, 0], (tmp_path / "logs" / "rank0.log").read_text()[-3000:]
     for rank in (0, 1):
         for case, result in torch.load(tmp_path / f"rank{rank}.pt", weights_only=False).items():

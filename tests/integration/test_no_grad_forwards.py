@@ -67,20 +67,25 @@ torch.save({name: {"each": run(spec, 2), "joined": run(spec, None)} for name, sp
 
 
 def test_no_grad_passes_join_micro_batches_into_fewer_forwards_with_the_same_values(tmp_path, tiny_model_dir):
-    rank = subprocess.run([sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, timeout=600)
+    rank = subprocess.run(
+        [sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        timeout=600,
+    )
     assert rank.returncode == 0, (tmp_path / "logs" / "rank0.log").read_text()[-3000:]
     results = torch.load(tmp_path / "results.pt", weights_only=False)
     for case, result in results.items():
         each, joined = result["each"], result["joined"]
         # 4 micro-batches a forward by default (2 + 2 + 2 + 1 sequences): one forward; PPO's reference pass a second
         assert each["forwards"] == [2, 2, 2, 1] * (2 if case == "ppo-reference" else 1), case
-        assert joined["forwards"] == ([2, 2, 2, 1] if case == "checkpointed" else [7] * (2 if case == "ppo-reference" else 1)), case
+        assert joined["forwards"] == (
+            [2, 2, 2, 1] if case == "checkpointed" else [7] * (2 if case == "ppo-reference" else 1)
+        ), case
         for key in ("logprobs", "values", "reference"):
             if key not in each:
                 continue
             assert [tuple(x.shape) for x in joined[key]] == [(2, 8), (2, 5), (2, 10), (1, 6)], f"{case} {key}"
             for got, expected, batch_mask in zip(joined[key], each[key], (8, 5, 10, 6)):
                 real = torch.ones(len(got), batch_mask)
-                real[0, batch_mask - 2:] = 0  # the padded row's positions past its last token
+                real[0, batch_mask - 2 :] = 0  # the padded row's positions past its last token
                 torch.testing.assert_close(got * real, expected * real, atol=1e-5, rtol=0, msg=f"{case} {key}")

@@ -37,8 +37,10 @@ def gpus_of(reservation: Reservation, ranks: int, engines: list[int]) -> tuple[l
 
     probe = ray.remote(Probe)
     rank_gpus = ray.get([probe.options(**reservation.rank_options(r)).remote().gpus.remote() for r in range(ranks)])
-    worker_gpus = [ray.get([probe.options(**reservation.engine_worker_options(e, s)).remote().gpus.remote()
-                            for s in range(tp)]) for e, tp in enumerate(engines)]
+    worker_gpus = [
+        ray.get([probe.options(**reservation.engine_worker_options(e, s)).remote().gpus.remote() for s in range(tp)])
+        for e, tp in enumerate(engines)
+    ]
     return rank_gpus, worker_gpus
 
 
@@ -64,20 +66,27 @@ def test_split_gives_the_engine_a_gpu_of_its_own(two_declared_gpus):
 
 @pytest.mark.own_ray_cluster
 def test_ranks_slower_to_build_than_the_placement_timeout_are_recorded_within_the_hang_deadline(
-        two_declared_gpus, tmp_path, monkeypatch):
+    two_declared_gpus, tmp_path, monkeypatch
+):
     """A rank that takes minutes to build (DeepSpeed's CPU Adam under offload on a loaded machine) failed the run
     with Ray's bare GetTimeoutError once the fixed placement timeout ran out; the run's hang deadline applies."""
     import oxrl_core.cluster.bundles as bundles
+
     monkeypatch.setattr(bundles, "PLACEMENT_TIMEOUT_S", 1)
 
     class SlowRank:
         def __init__(self):
             import time
+
             time.sleep(4)
 
     reservation = Reservation(Placement("colocated", True, 2, 0, 1), ActorWatch(60))
-    ranks = [reservation.watch.add(ray.remote(SlowRank).options(**reservation.rank_options(r)).remote(), f"rank{r}",
-                                   tmp_path / f"rank{r}.log") for r in range(2)]
+    ranks = [
+        reservation.watch.add(
+            ray.remote(SlowRank).options(**reservation.rank_options(r)).remote(), f"rank{r}", tmp_path / f"rank{r}.log"
+        )
+        for r in range(2)
+    ]
     reservation.record(tmp_path, ranks, [])
     placed = json.loads((tmp_path / "placement.json").read_text())
     assert len(placed["ranks"]) == 2 and placed["ranks"][0]["gpus"] != placed["ranks"][1]["gpus"]
@@ -104,7 +113,8 @@ def two_nodes_of_four_declared_gpus():
 
 @pytest.mark.own_ray_cluster
 def test_eight_colocated_ranks_on_two_nodes_get_a_gpu_each_and_each_tensor_parallel_engine_stays_on_one_node(
-        two_nodes_of_four_declared_gpus):
+    two_nodes_of_four_declared_gpus,
+):
     """Issue 19's layout: 8 ranks, 4 engines of tensor parallelism 2, each engine worker on its rank's GPU."""
     ranks, workers = gpus_of(Reservation(Placement("colocated", True, 8, 4, 2), ActorWatch(0)), 8, [2, 2, 2, 2])
     assert all(len(g) == 1 for g in ranks) and len({g[0] for g in ranks}) == 8
@@ -124,13 +134,18 @@ def two_nodes_of_three_declared_gpus():
 
 
 @pytest.mark.own_ray_cluster
-def test_a_colocated_tensor_parallel_engine_that_would_span_two_nodes_is_refused_by_name(two_nodes_of_three_declared_gpus):
+def test_a_colocated_tensor_parallel_engine_that_would_span_two_nodes_is_refused_by_name(
+    two_nodes_of_three_declared_gpus,
+):
     """6 ranks on two 3-GPU nodes, engines of tensor parallelism 2: engine 1's workers would sit on ranks 2 and 3, one
     on each node. Refused before any actor starts, with the way out; the reservation is given back."""
-    with pytest.raises(OxrlError, match=r"engine 1's 2 tensor-parallel workers would sit on the GPUs of trainer ranks 2-3"):
+    with pytest.raises(
+        OxrlError, match=r"engine 1's 2 tensor-parallel workers would sit on the GPUs of trainer ranks 2-3"
+    ):
         Reservation(Placement("colocated", True, 6, 3, 2), ActorWatch(0))
     assert ray.util.placement_group_table() == {} or all(
-        g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+        g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +162,33 @@ def two_node_cluster():
 
 
 @pytest.mark.own_ray_cluster
-def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tmp_path, tiny_model_dir, oxrl,
-                                                                             two_node_cluster):
+def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(
+    tmp_path, tiny_model_dir, oxrl, two_node_cluster
+):
     """Split, 2 ranks + an engine of tensor parallelism 2: each node has room for one side only, so the weights cross
     nodes (gloo) to both of the engine's workers, which meet on their own node."""
-    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  "data.val=null", f"run.output_dir={tmp_path}", "run.name=two-nodes", "train.steps=2", "train.batch_size=16",
-                  "train.micro_batch_size=4", "train.grad_accum=2", "rollout.n_samples=4", "rollout.engines=1",
-                  "rollout.tensor_parallel_size=2", "rollout.placement=split", "reward.func=rl_test_rewards:digit_share",
-                  env={"RAY_ADDRESS": two_node_cluster.address, "PYTHONPATH": str(Path(__file__).resolve().parent)})
+    result = oxrl(
+        "train",
+        "rl",
+        "--alg",
+        "cispo",
+        "--config",
+        "examples/cispo_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        "data.val=null",
+        f"run.output_dir={tmp_path}",
+        "run.name=two-nodes",
+        "train.steps=2",
+        "train.batch_size=16",
+        "train.micro_batch_size=4",
+        "train.grad_accum=2",
+        "rollout.n_samples=4",
+        "rollout.engines=1",
+        "rollout.tensor_parallel_size=2",
+        "rollout.placement=split",
+        "reward.func=rl_test_rewards:digit_share",
+        env={"RAY_ADDRESS": two_node_cluster.address, "PYTHONPATH": str(Path(__file__).resolve().parent)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "placement: split: 2 trainer CPU slot(s) + 2 engine CPU slot(s)" in result.stdout
     where = json.loads((tmp_path / "two-nodes" / "placement.json").read_text())
@@ -169,11 +202,14 @@ def test_two_rl_steps_with_the_trainer_on_one_node_and_the_engines_on_another(tm
 
 
 @pytest.mark.own_ray_cluster
-def test_without_ray_address_a_run_starts_a_cluster_of_its_own_beside_one_that_ray_start_left(two_node_cluster,
-                                                                                              monkeypatch):
+def test_without_ray_address_a_run_starts_a_cluster_of_its_own_beside_one_that_ray_start_left(
+    two_node_cluster, monkeypatch
+):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    script = ("import ray; from oxrl_core.cluster.session import start_ray; start_ray(2); "
-              "print('ADDRESS', ray.get_runtime_context().gcs_address); ray.shutdown()")
+    script = (
+        "import ray; from oxrl_core.cluster.session import start_ray; start_ray(2); "
+        "print('ADDRESS', ray.get_runtime_context().gcs_address); ray.shutdown()"
+    )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("ADDRESS ")[1].strip() != two_node_cluster.address

@@ -11,18 +11,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from fingerprint import remember
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, sft_records, write_jsonl
-from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 
 
 def example_args(alg, tiny_model_dir, out, *overrides):
-    return ["train", "sl", "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            "train.steps=2", f"run.output_dir={out}", f"run.name={alg}", *overrides]
+    return [
+        "train",
+        "sl",
+        "--config",
+        f"examples/{alg}_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        "train.steps=2",
+        f"run.output_dir={out}",
+        f"run.name={alg}",
+        *overrides,
+    ]
 
 
 def summary_of(result, out, alg):
@@ -51,8 +60,10 @@ def paired_examples(oxrl_side_by_side, tiny_model_dir, other_tiny_model, tmp_pat
     runs = {}
     for pair in (("ipo", "simpo"), ("orpo", "kto"), ("cpt", "kd")):
         outs = [tmp_path_factory.mktemp(alg) for alg in pair]
-        results = oxrl_side_by_side(*(example_args(alg, tiny_model_dir, out, *extra.get(alg, ())) for alg, out in zip(pair, outs)),
-                                    env={"RAY_ADDRESS": ray_address})
+        results = oxrl_side_by_side(
+            *(example_args(alg, tiny_model_dir, out, *extra.get(alg, ())) for alg, out in zip(pair, outs)),
+            env={"RAY_ADDRESS": ray_address},
+        )
         runs |= {alg: (result, out) for alg, result, out in zip(pair, results, outs)}
     return runs
 
@@ -70,12 +81,15 @@ def test_ipo_simpo_and_orpo_examples_raise_reward_accuracy_and_margin(paired_exa
 
 
 @pytest.mark.quick
-def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed_logprobs(oxrl_side_by_side,
-                                                                                         tiny_model_dir, tmp_path):
+def test_dpo_example_learns_and_a_reference_model_gives_the_steps_of_precomputed_logprobs(
+    oxrl_side_by_side, tiny_model_dir, tmp_path
+):
     """The dpo example runs ZeRO-3 on 2 ranks; the frozen reference model gives the same steps as precomputed sums."""
     pre, model = tmp_path / "pre", tmp_path / "model"
-    results = oxrl_side_by_side(example_args("dpo", tiny_model_dir, pre),
-                                example_args("dpo", tiny_model_dir, model, "train.dpo.reference=model"))
+    results = oxrl_side_by_side(
+        example_args("dpo", tiny_model_dir, pre),
+        example_args("dpo", tiny_model_dir, model, "train.dpo.reference=model"),
+    )
     precomputed, with_model = (summary_of(result, out, "dpo") for result, out in zip(results, (pre, model)))
     remember("dpo", precomputed)
     remember("dpo-reference-model", with_model)
@@ -131,18 +145,28 @@ def test_kd_refuses_a_teacher_with_another_tokenizer(oxrl, tiny_model_dir, tmp_p
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.add_tokens(["<extra>"])
     tokenizer.save_pretrained(teacher)
-    result = oxrl("train", "sl", "--config", "examples/kd_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"train.kd.teacher={teacher}", f"run.output_dir={tmp_path}")
+    result = oxrl(
+        "train",
+        "sl",
+        "--config",
+        "examples/kd_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"train.kd.teacher={teacher}",
+        f"run.output_dir={tmp_path}",
+    )
     assert result.returncode == 2
-    assert "train.kd.teacher=" in result.stderr and "tokenizer differs" in result.stderr and "'<extra>'" in result.stderr
+    assert (
+        "train.kd.teacher=" in result.stderr and "tokenizer differs" in result.stderr and "'<extra>'" in result.stderr
+    )
 
 
 @pytest.fixture(scope="module")
 def reward_model_run(oxrl, tiny_model_dir, tmp_path_factory, ray_address):
     # seed 2 draws a scalar head that starts out ranking every held-out pair the wrong way round. (Module fixtures
     # are set up before the per-test one that sets RAY_ADDRESS: this one passes it itself.)
-    return run_example(oxrl, "rm", tiny_model_dir, tmp_path_factory.mktemp("rm"), "train.seed=2",
-                       env={"RAY_ADDRESS": ray_address})
+    return run_example(
+        oxrl, "rm", tiny_model_dir, tmp_path_factory.mktemp("rm"), "train.seed=2", env={"RAY_ADDRESS": ray_address}
+    )
 
 
 def test_rm_example_learns_to_rank_chosen_above_rejected(reward_model_run):
@@ -162,9 +186,11 @@ def test_rm_final_folder_is_a_sequence_classifier_giving_the_trainers_scores(rew
     for pair in pairs:
         scores = []
         for side in ("chosen", "rejected"):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": pair["prompt"]},
-                                                 {"role": "assistant", "content": pair[side]}], return_tensors="pt",
-                                                return_dict=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": pair["prompt"]}, {"role": "assistant", "content": pair[side]}],
+                return_tensors="pt",
+                return_dict=True,
+            )
             with torch.no_grad():
                 scores.append(model(**ids).logits[0, 0].item())
         correct += scores[0] > scores[1]
@@ -184,23 +210,52 @@ def prompts(tmp_path_factory):
 
 def run_generating(oxrl, alg, tiny_model_dir, out, *overrides):
     """The example on the tiny model, importing the test rewards (a digit share: a signal even from random weights)."""
-    result = oxrl("train", "sl", "--config", f"examples/{alg}_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"run.output_dir={out}", f"run.name={alg}", "train.steps=2", "rollout.max_tokens=12", *overrides,
-                  env={"PYTHONPATH": str(HERE)})
+    result = oxrl(
+        "train",
+        "sl",
+        "--config",
+        f"examples/{alg}_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"run.output_dir={out}",
+        f"run.name={alg}",
+        "train.steps=2",
+        "rollout.max_tokens=12",
+        *overrides,
+        env={"PYTHONPATH": str(HERE)},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / alg / "summary.json").read_text())
 
 
 @pytest.mark.slow  # PPO at full weights; PPO-LoRA runs in test_rl.py, the reward model's scores in online DPO here
-def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxrl, tiny_model_dir, reward_model_run,
-                                                                              prompts, tmp_path):
+def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(
+    oxrl, tiny_model_dir, reward_model_run, prompts, tmp_path
+):
     """The classic RLHF setup: PPO (with a KL penalty and an entropy bonus) whose rewards are a trained reward model's
     scores of the rollouts, on 2 ZeRO-3 ranks and a vLLM engine. (CISPO and SGRPO: tests/integration/test_rl.py.)"""
-    result = oxrl("train", "rl", "--alg", "ppo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                  f"data.train=[{{path: {prompts}}}]", "data.val=null", "train.steps=2", "train.batch_size=16",
-                  "train.micro_batch_size=4", "train.grad_accum=2", "train.ppo.kl_coeff=0.05", "train.ppo.entropy_coeff=0.01",
-                  "rollout.n_samples=4", "rollout.max_tokens=12", "reward.func=reward-model",
-                  f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}", f"run.output_dir={tmp_path}", "run.name=rlhf")
+    result = oxrl(
+        "train",
+        "rl",
+        "--alg",
+        "ppo",
+        "--config",
+        "examples/cispo_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train=[{{path: {prompts}}}]",
+        "data.val=null",
+        "train.steps=2",
+        "train.batch_size=16",
+        "train.micro_batch_size=4",
+        "train.grad_accum=2",
+        "train.ppo.kl_coeff=0.05",
+        "train.ppo.entropy_coeff=0.01",
+        "rollout.n_samples=4",
+        "rollout.max_tokens=12",
+        "reward.func=reward-model",
+        f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}",
+        f"run.output_dir={tmp_path}",
+        "run.name=rlhf",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "rlhf"
     summary = json.loads((run / "summary.json").read_text())
@@ -208,18 +263,28 @@ def test_rlhf_ppo_trains_policy_and_critic_on_a_trained_reward_models_scores(oxr
     steps = summary["history"]
     assert [s["step"] for s in steps] == [1, 2] and steps[-1]["policy_version"] == 2
     assert "reward_errors" not in summary
-    assert steps[0]["reward_std"] > 0 and steps[0]["reward_mean"] != 0 and steps[0]["grad_norm"] > 0  # real scores drove it
+    assert (
+        steps[0]["reward_std"] > 0 and steps[0]["reward_mean"] != 0 and steps[0]["grad_norm"] > 0
+    )  # real scores drove it
     assert all(s["value_loss"] > 0 for s in steps)  # the critic trains with the policy and is saved beside it
     assert set(load_file(run / "final" / "value_head.safetensors")) == {"weight", "bias"}
     assert (run / "final" / "model.safetensors").is_file()
     assert steps[1]["logprob_gap_abs"] < 1e-3  # step 2 sampled from the refreshed engine
 
 
-def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(oxrl, tiny_model_dir, reward_model_run,
-                                                                              prompts, tmp_path):
-    summary = run_generating(oxrl, "online-dpo", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]",
-                             f"data.val={prompts}", "reward.func=reward-model",
-                             f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}")
+def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(
+    oxrl, tiny_model_dir, reward_model_run, prompts, tmp_path
+):
+    summary = run_generating(
+        oxrl,
+        "online-dpo",
+        tiny_model_dir,
+        tmp_path,
+        f"data.train=[{{path: {prompts}}}]",
+        f"data.val={prompts}",
+        "reward.func=reward-model",
+        f"reward.kwargs={{path: {reward_model_run['checkpoint']}}}",
+    )
     remember("online-dpo", summary)
     first, second = summary["history"]
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)  # the policy starts as its reference
@@ -229,10 +294,21 @@ def test_online_dpo_example_pairs_the_reward_models_best_over_worst_each_step(ox
 
 
 @pytest.mark.slow  # RFT's filtered step runs in the whole suite (test_every_algorithm_steps.py), self-play's sampling in online DPO's run
-def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(oxrl, tiny_model_dir, prompts, tmp_path):
-    summary = run_generating(oxrl, "rft", tiny_model_dir, tmp_path, f"data.train=[{{path: {prompts}}}]", "data.val=null",
-                             "train.rft.iterations=1", "rollout.n_samples=4", "reward.func=rl_test_rewards:digit_share",
-                             "train.rft.threshold=0.05")
+def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_threshold(
+    oxrl, tiny_model_dir, prompts, tmp_path
+):
+    summary = run_generating(
+        oxrl,
+        "rft",
+        tiny_model_dir,
+        tmp_path,
+        f"data.train=[{{path: {prompts}}}]",
+        "data.val=null",
+        "train.rft.iterations=1",
+        "rollout.n_samples=4",
+        "reward.func=rl_test_rewards:digit_share",
+        "train.rft.threshold=0.05",
+    )
     remember("rft", summary)
     first = summary["history"][0]
     assert 0 < first["rft_kept"] <= 16 * 4 and summary["history"][1]["loss"] < first["loss"]
@@ -247,10 +323,22 @@ def test_rft_example_trains_an_iteration_on_its_own_samples_that_pass_the_thresh
 
 def spin_args(tiny_model_dir, out, demos, steps, iterations, *flags):
     # a constant learning rate: the interrupted run's first part has fewer steps in all than the whole run
-    return ["train", "sl", "--config", "examples/spin_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            f"run.output_dir={out}", "run.name=spin", f"train.steps={steps}", f"train.spin.iterations={iterations}",
-            "train.lr_scheduler=constant", "train.warmup_steps=0", "rollout.max_tokens=12",
-            f"data.train=[{{path: {demos}}}]", *flags]
+    return [
+        "train",
+        "sl",
+        "--config",
+        "examples/spin_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"run.output_dir={out}",
+        "run.name=spin",
+        f"train.steps={steps}",
+        f"train.spin.iterations={iterations}",
+        "train.lr_scheduler=constant",
+        "train.warmup_steps=0",
+        "rollout.max_tokens=12",
+        f"data.train=[{{path: {demos}}}]",
+        *flags,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -273,18 +361,23 @@ def test_spin_example_runs_two_iterations_each_against_the_policy_at_its_start(s
         assert step["loss"] == pytest.approx(math.log(2), abs=1e-4)
     first, second = (torch.load(spin_run / "spin" / f"iteration-{k}.pt", weights_only=False)[0] for k in (1, 2))
     assert [p.chosen.input_ids for p in first] == [p.chosen.input_ids for p in second]  # the demonstrations
-    assert [p.rejected.input_ids for p in first] != [p.rejected.input_ids for p in second]  # resampled by the updated policy
+    assert [p.rejected.input_ids for p in first] != [
+        p.rejected.input_ids for p in second
+    ]  # resampled by the updated policy
 
 
 @pytest.mark.slow  # self-play's resume; RL's and a supervised one (KTO's, below) run in the whole suite
 def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as_the_whole_run(
-        oxrl, spin_run, tiny_model_dir, tmp_path):
+    oxrl, spin_run, tiny_model_dir, tmp_path
+):
     """The resumed run must refresh vLLM with the restored weights before sampling iteration 2."""
     from safetensors.torch import load_file
 
     demos = spin_run / "demos.jsonl"
-    for args in (spin_args(tiny_model_dir, tmp_path, demos, 1, 1),  # stops after iteration 1
-                 spin_args(tiny_model_dir, tmp_path, demos, 2, 2, "--resume")):
+    for args in (
+        spin_args(tiny_model_dir, tmp_path, demos, 1, 1),  # stops after iteration 1
+        spin_args(tiny_model_dir, tmp_path, demos, 2, 2, "--resume"),
+    ):
         result = oxrl(*args)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     whole, resumed = (torch.load(out / "spin" / "iteration-2.pt", weights_only=False) for out in (spin_run, tmp_path))
@@ -295,16 +388,27 @@ def test_spin_resumed_after_its_first_iteration_samples_and_trains_the_second_as
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
-def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(oxrl, oxrl_side_by_side,
-                                                                                     tiny_model_dir, tmp_path):
+def test_kto_with_lora_resumed_midway_ends_with_the_adapter_of_an_uninterrupted_run(
+    oxrl, oxrl_side_by_side, tiny_model_dir, tmp_path
+):
     """A resume must reuse the reference logprobs precomputed by the starting model, not recompute them."""
     from safetensors.torch import load_file
 
     common = ("lora.enabled=true", "lora.r=8", "train.lr=1e-2", "train.lr_scheduler=constant", "data.val=null")
 
     def args(out, steps, *flags):  # runs side by side keep to their own folders (each has an MLflow store)
-        return ["train", "sl", "--config", "examples/kto_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-                f"run.output_dir={tmp_path / out}", "run.name=kto", f"train.steps={steps}", *common, *flags]
+        return [
+            "train",
+            "sl",
+            "--config",
+            "examples/kto_tiny.yaml",
+            f"model.name_or_path={tiny_model_dir}",
+            f"run.output_dir={tmp_path / out}",
+            "run.name=kto",
+            f"train.steps={steps}",
+            *common,
+            *flags,
+        ]
 
     for result in (*oxrl_side_by_side(args("whole", 4), args("split", 2)), oxrl(*args("split", 4, "--resume"))):
         assert result.returncode == 0, result.stderr[-3000:]

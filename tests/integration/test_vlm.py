@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import ray
 import torch
+from fingerprint import remember
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -22,7 +22,6 @@ from oxrl_core.data.records import load_prompts
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.preprocess.counting import QUESTIONS
 from oxrl_core.resolve.run import resolve_run
-from fingerprint import remember
 
 pytestmark = pytest.mark.integration
 QUESTION = QUESTIONS["image"]
@@ -31,8 +30,17 @@ SFT_VAL = Path("examples/data/squares_sft_val.jsonl")
 
 def example(alg: str, out: Path, *overrides: str) -> list[str]:
     kind = "rl" if alg == "cispo" else "sl"
-    return ["train", kind, "--alg", alg, "--config", f"examples/vlm_{alg}_tiny.yaml", "train.steps=2",
-            f"run.output_dir={out}", *overrides]
+    return [
+        "train",
+        kind,
+        "--alg",
+        alg,
+        "--config",
+        f"examples/vlm_{alg}_tiny.yaml",
+        "train.steps=2",
+        f"run.output_dir={out}",
+        *overrides,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +48,11 @@ def sft_runs(tmp_path_factory, tiny_vl_model_dir, oxrl_side_by_side, ray_address
     """The SFT example with full weights and with LoRA, side by side (DeepSpeed only), each in its own output folder:
     {"full": its run folder, "lora": its run folder}."""
     full, lora = tmp_path_factory.mktemp("vlm-sft"), tmp_path_factory.mktemp("vlm-sft-lora")
-    results = oxrl_side_by_side(example("sft", full),
-                                example("sft", lora, "lora.enabled=true", "lora.r=8", "train.lr=1e-2", "run.name=lora"),
-                                env={"RAY_ADDRESS": ray_address})
+    results = oxrl_side_by_side(
+        example("sft", full),
+        example("sft", lora, "lora.enabled=true", "lora.r=8", "train.lr=1e-2", "run.name=lora"),
+        env={"RAY_ADDRESS": ray_address},
+    )
     assert all(result.returncode == 0 for result in results), [result.stderr[-3000:] for result in results]
     return {"full": full / "vlm-sft-tiny", "lora": lora / "lora"}
 
@@ -55,7 +65,9 @@ def sft_run(sft_runs) -> Path:
 # Both in the long lane: images are a data concern; the whole suite runs each image family's SFT, DPO and CISPO step on
 # the examples' images (test_every_algorithm_steps.py), these loops through the CLI with audio (the family test below)
 # and a refreshed Qwen2-VL engine scoring image prompts as the trainer does (test_a_refreshed_engine_scores_...)
-@pytest.mark.parametrize("alg", [pytest.param("dpo", marks=pytest.mark.slow), pytest.param("cispo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "alg", [pytest.param("dpo", marks=pytest.mark.slow), pytest.param("cispo", marks=pytest.mark.slow)]
+)
 def test_shipped_vlm_example_trains_two_steps(tmp_path, tiny_vl_model_dir, oxrl, alg):
     # CISPO: a reward (share of digits in the response) that gives a signal on the random weights, so the step trains
     rewarded = ["reward.func=rl_test_rewards:digit_share"] if alg == "cispo" else []
@@ -75,8 +87,19 @@ def family_example(family: str, model: Path, alg: str, out: Path, *overrides: st
     """The shipped example of `alg` with `family`'s tiny model (built at `model`), into `out`/`alg`: the squares task
     for an image model, the beeps task (examples/audio_*) for the audio one."""
     config = f"examples/audio_{alg}_tiny.yaml" if family == "audio" else f"examples/vlm_{alg}_tiny.yaml"
-    return ["train", "rl" if alg == "cispo" else "sl", "--alg", alg, "--config", config, "train.steps=2",
-            f"run.output_dir={out / alg}", f"run.name={alg}", f"model.name_or_path={model}", *overrides]
+    return [
+        "train",
+        "rl" if alg == "cispo" else "sl",
+        "--alg",
+        alg,
+        "--config",
+        config,
+        "train.steps=2",
+        f"run.output_dir={out / alg}",
+        f"run.name={alg}",
+        f"model.name_or_path={model}",
+        *overrides,
+    ]
 
 
 # Qwen3-VL's and SmolVLM's runs through the CLI, 3-4 minutes each, are in the long lane: what is their own is checked
@@ -88,7 +111,8 @@ def family_example(family: str, model: Path, alg: str, out: Path, *overrides: st
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_vl", "smolvlm", "audio"])
 def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engine_samples_as_the_trainer_scores(
-        tmp_path, request, family, oxrl, oxrl_side_by_side):
+    tmp_path, request, family, oxrl, oxrl_side_by_side
+):
     """The shipped examples with each family's tiny model through the CLI: Qwen3-VL (32 pixels an image token,
     interleaved M-RoPE, deepstack features), SmolVLM (Idefics3: an image split into tiles framed by row and column
     tokens, a pixel-shuffle connector, a Llama) and Qwen2-Audio (a Whisper encoder over 30 s of mel frames), each with
@@ -96,10 +120,15 @@ def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engin
     the order of their sums: after a refresh the sampler-trainer gap per response token is below 1e-5 (at most 5e-7
     measured; a placeholder, tile or feature length the two sides disagreed on would move it by whole nats)."""
     model = request.getfixturevalue(f"tiny_{family}_model_dir")
-    reward = ("reward.func=rl_test_rewards:digit_share",)  # a reward the untrained policy earns: the loss has a gradient
-    supervised = oxrl_side_by_side(family_example(family, model, "sft", tmp_path),
-                                   family_example(family, model, "dpo", tmp_path))
-    rl = oxrl(*family_example(family, model, "cispo", tmp_path, *reward), env={"PYTHONPATH": str(Path(__file__).parent)})
+    reward = (
+        "reward.func=rl_test_rewards:digit_share",
+    )  # a reward the untrained policy earns: the loss has a gradient
+    supervised = oxrl_side_by_side(
+        family_example(family, model, "sft", tmp_path), family_example(family, model, "dpo", tmp_path)
+    )
+    rl = oxrl(
+        *family_example(family, model, "cispo", tmp_path, *reward), env={"PYTHONPATH": str(Path(__file__).parent)}
+    )
     for result in (*supervised, rl):
         assert result.returncode == 0, result.stderr[-3000:]
     for alg in ("sft", "dpo", "cispo"):
@@ -109,11 +138,14 @@ def test_each_multimodal_family_trains_sft_dpo_and_cispo_and_its_refreshed_engin
 
 
 def test_the_audio_cispo_example_trains_two_steps_and_its_refreshed_engine_samples_as_the_trainer_scores(
-        tmp_path, tiny_audio_model_dir, oxrl):
+    tmp_path, tiny_audio_model_dir, oxrl
+):
     """Qwen2-Audio through the CLI: vLLM's model of the family takes the trainer's weights and hears the clips as the
     trainer does: after a refresh the sampler-trainer gap per response token is below 1e-5 (see above)."""
-    result = oxrl(*family_example("audio", tiny_audio_model_dir, "cispo", tmp_path, "reward.func=rl_test_rewards:digit_share"),
-                  env={"PYTHONPATH": str(Path(__file__).parent)})
+    result = oxrl(
+        *family_example("audio", tiny_audio_model_dir, "cispo", tmp_path, "reward.func=rl_test_rewards:digit_share"),
+        env={"PYTHONPATH": str(Path(__file__).parent)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = json.loads((tmp_path / "cispo" / "cispo" / "summary.json").read_text())["history"]
     assert [s["step"] for s in steps] == [1, 2] and all(s["grad_norm"] > 0 for s in steps)
@@ -157,7 +189,7 @@ def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path,
         from PIL import Image
         from vllm import LLM, SamplingParams
         if __name__ == "__main__":
-            llm = LLM(model="{sft_run / 'final'}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+            llm = LLM(model="{sft_run / "final"}", dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                       kv_cache_memory_bytes=2**26)
             prompt = ("<|im_start|>user\\n<|vision_start|><|image_pad|><|vision_end|>{QUESTION}<|im_end|>\\n"
                       "<|im_start|>assistant\\n")
@@ -166,26 +198,47 @@ def test_vllm_loads_the_vlm_sft_checkpoint_and_answers_an_image_prompt(tmp_path,
             print("PROMPT", len(out[0].prompt_token_ids), "GENERATED", len(out[0].outputs[0].token_ids))
     """)
     (tmp_path / "gen.py").write_text(script)
-    gen = subprocess.run([sys.executable, str(tmp_path / "gen.py")], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    gen = subprocess.run(
+        [sys.executable, str(tmp_path / "gen.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
     assert "GENERATED 8" in gen.stdout, gen.stderr[-3000:]
     prompt_tokens = int(gen.stdout.split("PROMPT ")[1].split()[0])
-    assert prompt_tokens == 4 + len(AutoProcessor.from_pretrained(sft_run / "final").tokenizer(
-        f"<|im_start|>user\n<|vision_start|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
+    assert prompt_tokens == 4 + len(
+        AutoProcessor.from_pretrained(sft_run / "final").tokenizer(
+            f"<|im_start|>user\n<|vision_start|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+        )["input_ids"]
+    )
 
 
-def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_without_its_image(tmp_path,
-                                                                                                   tiny_vl_model_dir):
+def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_without_its_image(
+    tmp_path, tiny_vl_model_dir
+):
     """1 trainer rank under ZeRO-3 and 1 engine: one large update, a refresh, then the engine's samples of an image
     prompt scored by the trainer. Scored without the image (by either side), they are far apart. The vision tower
     trains, so the refresh must bring its new weights too (the frozen default is checked by the CISPO example's gap)."""
-    from oxrl_core.loops.recipes.policy_gradient import attach, correct, rl_micro_batches
     from oxrl_core.cluster.session import ray_cluster
     from oxrl_core.loops.harness import start_actors
+    from oxrl_core.loops.recipes.policy_gradient import attach, correct, rl_micro_batches
 
-    run = resolve_run("rl", Path("examples/vlm_cispo_tiny.yaml"), [
-        "data.val=null", f"run.output_dir={tmp_path}", "train.lr=1e-2", "train.batch_size=4", "train.micro_batch_size=4",
-        "train.grad_accum=1", "run.train_ranks=1", "rollout.n_samples=4", "model.freeze_vision=false"])
+    run = resolve_run(
+        "rl",
+        Path("examples/vlm_cispo_tiny.yaml"),
+        [
+            "data.val=null",
+            f"run.output_dir={tmp_path}",
+            "train.lr=1e-2",
+            "train.batch_size=4",
+            "train.micro_batch_size=4",
+            "train.grad_accum=1",
+            "run.train_ranks=1",
+            "rollout.n_samples=4",
+            "model.freeze_vision=false",
+        ],
+    )
     config, model_path = run.config, run.model_path
     tokenizer, pad = load_tokenizer(model_path)
     prompts, _ = load_prompts(Path("examples/data/squares_rl_val.jsonl"), tokenizer, 64, strict=True)
@@ -215,21 +268,38 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
             blind_gaps.append((trainer_blind[i, span] - sampled).abs().max().item())
         for sample, seen in zip(blind, after):
             k = min(len(sample.response_ids), len(seen.response_ids))
-            engine_blind_gaps.append(max(abs(a - b) for a, b in zip(sample.sampler_logprobs[:k], seen.sampler_logprobs[:k])))
+            engine_blind_gaps.append(
+                max(abs(a - b) for a, b in zip(sample.sampler_logprobs[:k], seen.sampler_logprobs[:k]))
+            )
         assert all(s.policy_version == 1 for s in after) and max(gaps) < 1e-2, gaps
         assert min(blind_gaps) > 5e-2 and max(engine_blind_gaps) > 5e-2, (blind_gaps, engine_blind_gaps)
         group.shutdown()
 
 
 def test_eval_samples_the_image_prompts_of_a_vlm_checkpoint(tmp_path, sft_run, oxrl):
-    result = oxrl("eval", "--model", sft_run / "final", "--data", "examples/data/squares_rl_val.jsonl", "--reward", "math",
-                  "--n", "2", "--max-tokens", "8", "--out", tmp_path)
+    result = oxrl(
+        "eval",
+        "--model",
+        sft_run / "final",
+        "--data",
+        "examples/data/squares_rl_val.jsonl",
+        "--reward",
+        "math",
+        "--n",
+        "2",
+        "--max-tokens",
+        "8",
+        "--out",
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples"] == 64 * 2 and 0 <= summary["metrics"]["pass@1"] <= 1
 
 
-def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(tmp_path, tiny_vl_model_dir, sft_runs, oxrl):
+def test_a_vlm_lora_adapter_merges_into_a_model_with_the_trainers_eval_loss(
+    tmp_path, tiny_vl_model_dir, sft_runs, oxrl
+):
     from safetensors.torch import load_file
 
     final, merged = sft_runs["lora"] / "final", tmp_path / "merged"

@@ -54,10 +54,17 @@ torch.save(results, out / f"rank{rank}.pt")
 """
 
 
-def test_two_zero3_steps_give_zero2s_losses_and_weights_with_full_weights_lora_and_compiled_layers(tmp_path, tiny_model_dir):
+def test_two_zero3_steps_give_zero2s_losses_and_weights_with_full_weights_lora_and_compiled_layers(
+    tmp_path, tiny_model_dir
+):
     port = free_port()
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port), str(tiny_model_dir), str(tmp_path)],
-                              env={**os.environ, "DS_ACCELERATOR": "cpu"}) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), str(port), str(tiny_model_dir), str(tmp_path)],
+            env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        )
+        for rank in (0, 1)
+    ]
     assert [rank.wait(timeout=600) for rank in ranks] == [0, 0], (tmp_path / "logs" / "rank0.log").read_text()[-3000:]
     results = torch.load(tmp_path / "rank0.pt", weights_only=False)
     for lora, compiled in ((False, False), (True, False), (False, True)):
@@ -67,4 +74,6 @@ def test_two_zero3_steps_give_zero2s_losses_and_weights_with_full_weights_lora_a
         assert losses3 == pytest.approx(losses2, rel=1e-5), (lora, compiled)
         assert weights3.keys() == weights2.keys() and weights2
         for name, weight in weights2.items():
-            torch.testing.assert_close(weights3[name], weight, rtol=1e-5, atol=1e-6, msg=f"lora={lora}, compiled={compiled}: {name}")
+            torch.testing.assert_close(
+                weights3[name], weight, rtol=1e-5, atol=1e-6, msg=f"lora={lora}, compiled={compiled}: {name}"
+            )

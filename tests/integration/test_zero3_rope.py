@@ -52,8 +52,11 @@ torch.save({"zero1": run(1), "zero3": run(3)}, out / "results.pt")
 
 
 def test_zero3_keeps_ropes_inverse_frequencies_in_float32_and_the_logprobs_of_zero1(tmp_path, tiny_model_dir):
-    rank = subprocess.run([sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"}, timeout=600)
+    rank = subprocess.run(
+        [sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        timeout=600,
+    )
     assert rank.returncode == 0, (tmp_path / "logs" / "rank0.log").read_text()[-3000:]
     results = torch.load(tmp_path / "results.pt", weights_only=False)
     zero1, zero3 = results["zero1"], results["zero3"]

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_listed_names_are_the_records_names_and_loops():
     assert sorted(SL_ALGS + RL_ALGS) == sorted(ALGORITHMS)
-    assert all(ALGORITHMS[name].loop == "sl" for name in SL_ALGS) and all(ALGORITHMS[name].loop == "rl" for name in RL_ALGS)
+    assert all(ALGORITHMS[name].loop == "sl" for name in SL_ALGS) and all(
+        ALGORITHMS[name].loop == "rl" for name in RL_ALGS
+    )
     assert SL_ALGS[0] == "sft" and RL_ALGS[0] == "cispo"  # each loop's default first
 
 
@@ -32,9 +34,15 @@ def test_the_config_allows_exactly_the_registered_names_each_with_its_own_block(
 
 
 # CONTRIBUTING's worked example: its algorithm file, as the guide prints it
-SCRATCH = (REPO / "CONTRIBUTING.md").read_text().split("A worked example:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+SCRATCH = (
+    (REPO / "CONTRIBUTING.md")
+    .read_text()
+    .split("A worked example:", 1)[1]
+    .split("```python\n", 1)[1]
+    .split("```", 1)[0]
+)
 
-CHECK_SCRATCH = '''
+CHECK_SCRATCH = """
 import sys
 from oxrl_core.algs import registry
 registry.DECLARED["scaled-sft"] = ("sl", "scaled_sft")  # its line in the registry (here: outside the package)
@@ -54,7 +62,7 @@ for bad in ("train.scaled-sft.scale=-1", "train.scaled-sft.scal=2"):
     except OxrlError as e:
         print(e)
 print("train.scaled-sft.scale" in reference_markdown())
-'''
+"""
 
 
 def test_a_scratch_algorithm_with_a_setting_of_its_own_registers_and_validates(tmp_path):
@@ -63,8 +71,13 @@ def test_a_scratch_algorithm_with_a_setting_of_its_own_registers_and_validates(t
     (tmp_path / "scaled_sft.py").write_text(SCRATCH)  # the guide's file, verbatim
     data = tmp_path / "chat.jsonl"
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
-    result = subprocess.run([sys.executable, "-c", CHECK_SCRATCH, str(data)], capture_output=True, text=True,
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_SCRATCH, str(data)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     scales, negative, typo, documented = result.stdout.strip().splitlines()
     assert (scales, documented) == ("2.5 1.0", "True")  # set, and its default; in the config reference
@@ -73,8 +86,11 @@ def test_a_scratch_algorithm_with_a_setting_of_its_own_registers_and_validates(t
 
 
 def _pure_loss(module) -> inspect.Signature:
-    (loss,) = [f for name, f in vars(module).items() if name.endswith("_loss") and name != "batch_loss" and inspect.isfunction(f)
-               and f.__module__ == module.__name__]
+    (loss,) = [
+        f
+        for name, f in vars(module).items()
+        if name.endswith("_loss") and name != "batch_loss" and inspect.isfunction(f) and f.__module__ == module.__name__
+    ]
     return inspect.signature(loss)
 
 
@@ -86,20 +102,26 @@ def test_each_records_typed_arguments_are_its_pure_losss_keyword_arguments(name)
     keywords = {p.name for p in _pure_loss(module).parameters.values() if p.kind is p.KEYWORD_ONLY}
     if not keywords:  # SFT's loss takes its normaliser positionally
         keywords = {p.name for p in _pure_loss(module).parameters.values()} - {"logprobs", "response_mask"}
-    batch = GlobalBatch([{"response_mask": torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])}], max_tokens=8.0, kl_baseline=0.5)
+    batch = GlobalBatch(
+        [{"response_mask": torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])}], max_tokens=8.0, kl_baseline=0.5
+    )
     args = algorithm.args(algorithm.settings(), batch)
     assert isinstance(args, LossArgs) and dataclasses.is_dataclass(args)
     assert {f.name for f in dataclasses.fields(args)} == keywords
 
 
 def test_the_global_batch_counts_tokens_rows_and_pairs():
-    masks = [torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]),  # pairs (chosen 0, 1; rejected 2, 3)
-             torch.tensor([[0.0, 1.0], [1.0, 1.0]])]
+    masks = [
+        torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]),  # pairs (chosen 0, 1; rejected 2, 3)
+        torch.tensor([[0.0, 1.0], [1.0, 1.0]]),
+    ]
     batch = GlobalBatch([{"response_mask": m} for m in masks])
     assert batch.tokens() == 8.0 and batch.sequences() == 6.0 and batch.sequences_with_tokens() == 5.0
     assert batch.pairs() == 2.0  # the first micro-batch's first pair has an empty rejected side: it does not count
-    assert [tuple(map(tuple, (c.tolist(), r.tolist()))) for c, r in batch.pair_halves()] == [((2.0, 1.0), (0.0, 2.0)),
-                                                                                               ((1.0,), (2.0,))]
+    assert [tuple(map(tuple, (c.tolist(), r.tolist()))) for c, r in batch.pair_halves()] == [
+        ((2.0, 1.0), (0.0, 2.0)),
+        ((1.0,), (2.0,)),
+    ]
 
 
 def test_which_reference_each_algorithm_has():
@@ -120,23 +142,34 @@ def _name_branches(path: Path) -> list[str]:
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]
-        named = any(isinstance(s, ast.Attribute) and s.attr == "alg" or isinstance(s, ast.Name) and s.id == "alg"
-                    for s in sides)
-        literal = any(isinstance(s, ast.Constant) and isinstance(s.value, str) or
-                      isinstance(s, (ast.Tuple, ast.List, ast.Set)) and all(isinstance(e, ast.Constant) for e in s.elts)
-                      for s in sides)
+        named = any(
+            isinstance(s, ast.Attribute) and s.attr == "alg" or isinstance(s, ast.Name) and s.id == "alg" for s in sides
+        )
+        literal = any(
+            isinstance(s, ast.Constant)
+            and isinstance(s.value, str)
+            or isinstance(s, (ast.Tuple, ast.List, ast.Set))
+            and all(isinstance(e, ast.Constant) for e in s.elts)
+            for s in sides
+        )
         if named and literal:
             found.append(f"{path}:{node.lineno}")
     return found
 
 
 def test_no_code_outside_algs_branches_on_an_algorithms_name():
-    files = [p for root in ("oxrl_core", "oxrl_cli") for p in (REPO / root).rglob("*.py")
-             if "algs" not in p.relative_to(REPO).parts]
+    files = [
+        p
+        for root in ("oxrl_core", "oxrl_cli")
+        for p in (REPO / root).rglob("*.py")
+        if "algs" not in p.relative_to(REPO).parts
+    ]
     assert [hit for path in files for hit in _name_branches(path)] == []
 
 
 def test_the_name_branch_finder_finds_both_kinds_of_branch(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text('if config.train.alg in ("rft", "spin"):\n    pass\nif alg == "ppo":\n    pass\nif x.alg == y:\n    pass\n')
+    probe.write_text(
+        'if config.train.alg in ("rft", "spin"):\n    pass\nif alg == "ppo":\n    pass\nif x.alg == y:\n    pass\n'
+    )
     assert _name_branches(probe) == [f"{probe}:1", f"{probe}:3"]

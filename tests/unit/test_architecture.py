@@ -31,7 +31,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("oxrl_core.config",),
     ("oxrl_core.algs",),
     ("oxrl_core.models", "oxrl_core.tracking", "oxrl_core.imports"),
-    ("oxrl_core.errors", "oxrl_core.version"),  # import nothing; the version sits below tracking, whose reports print it
+    (
+        "oxrl_core.errors",
+        "oxrl_core.version",
+    ),  # import nothing; the version sits below tracking, whose reports print it
 ]
 LAYER = {room: depth for depth, rooms in enumerate(LAYERS) for room in rooms}
 # The package root re-exports (`from oxrl_core import Trainer`, lazily): it may import the rooms of its own layer.
@@ -67,7 +70,7 @@ def imported_modules(node: ast.AST, source: str, is_package: bool, known: dict[s
     base = node.module or ""
     if node.level:  # relative: from the importing module's package, up level - 1 more
         package = source.split(".") if is_package else source.split(".")[:-1]
-        package = package[:len(package) - (node.level - 1)]
+        package = package[: len(package) - (node.level - 1)]
         base = ".".join([*package, *([base] if base else [])])
     return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
 
@@ -92,8 +95,11 @@ def room(module: str) -> str:
 
 def test_every_room_of_the_package_has_a_layer():
     """A new subpackage or top-level module of oxrl_core must be placed in LAYERS before it is used."""
-    entries = {f"oxrl_core.{p.stem}" for p in (REPO / "oxrl_core").iterdir()
-               if (p.is_dir() and any(p.rglob("*.py"))) or (p.suffix == ".py" and p.name != "__init__.py")}
+    entries = {
+        f"oxrl_core.{p.stem}"
+        for p in (REPO / "oxrl_core").iterdir()
+        if (p.is_dir() and any(p.rglob("*.py"))) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
     assert sorted(entries - LAYER.keys()) == []
     assert sorted(room(m) for m in modules() if room(m) not in LAYER) == []
 
@@ -102,7 +108,9 @@ def test_every_imported_module_of_the_package_exists():
     """An import inside a function runs only when the function does, and a benchmark only when it is run: one left
     naming a moved module would fail late."""
     known = modules()
-    scripts = {module_name(path): path for folder in ("tests", "benchmarks") for path in sorted((REPO / folder).rglob("*.py"))}
+    scripts = {
+        module_name(path): path for folder in ("tests", "benchmarks") for path in sorted((REPO / folder).rglob("*.py"))
+    }
     missing = [str(edge) for edge in imports() + imports(scripts) if edge.target not in known]
     assert missing == [], "imports of modules that do not exist:\n" + "\n".join(missing)
 
@@ -122,8 +130,11 @@ def test_every_import_between_rooms_points_to_a_lower_layer():
 def test_the_cluster_places_counts_and_reads_no_run_config():
     """`oxrl_core.cluster` decides from a `PlacementRequest` (the loops build it from the config): it imports neither
     the config nor the algorithms, though both sit below it."""
-    reads = [str(edge) for edge in imports()
-             if room(edge.source) == "oxrl_core.cluster" and room(edge.target) in ("oxrl_core.config", "oxrl_core.algs")]
+    reads = [
+        str(edge)
+        for edge in imports()
+        if room(edge.source) == "oxrl_core.cluster" and room(edge.target) in ("oxrl_core.config", "oxrl_core.algs")
+    ]
     assert reads == []
 
 
@@ -136,8 +147,10 @@ def test_no_module_imports_itself_through_others():
     described = []
     for component in cycles:
         path = a_cycle(component, edges)
-        described.append(f"{' -> '.join(path)} (one cycle of {', '.join(component)})\n"
-                         + "\n".join(f"    {edges[a][b]}" for a, b in zip(path, path[1:])))
+        described.append(
+            f"{' -> '.join(path)} (one cycle of {', '.join(component)})\n"
+            + "\n".join(f"    {edges[a][b]}" for a, b in zip(path, path[1:]))
+        )
     assert described == [], "import cycles:\n" + "\n".join(described)
 
 
@@ -211,9 +224,12 @@ def test_tests_and_benchmarks_import_only_public_names_of_oxrl_core():
         for path in sorted((REPO / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "oxrl_core":
-                    private += [f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {alias.name}"
-                                for alias in node.names
-                                if alias.name.startswith("_") and not (alias.name.startswith("__") and alias.name.endswith("__"))]
+                    private += [
+                        f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_")
+                        and not (alias.name.startswith("__") and alias.name.endswith("__"))
+                    ]
     assert private == [], "private names imported:\n" + "\n".join(private)
 
 
@@ -240,8 +256,11 @@ def _shared_fields(model, prefix: str) -> dict[str, str]:
         if field.alias is not None:  # an algorithm's own block, train.<alg>
             continue
         key = f"{prefix}.{name}" if prefix else name
-        nested = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        nested = [
+            a
+            for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         fields[key] = field.description or ""
         for sub in nested:
             fields |= _shared_fields(sub, key)
@@ -257,8 +276,12 @@ def test_the_shared_config_holds_no_algorithms_setting():
     from oxrl_core.algs.registry import ALGORITHMS
     from oxrl_core.config.schema import RLConfig, SLConfig
 
-    shared = {k: v for config in (SLConfig, RLConfig) for section, field in config.model_fields.items()
-              for k, v in _shared_fields(field.annotation, section).items()}
+    shared = {
+        k: v
+        for config in (SLConfig, RLConfig)
+        for section, field in config.model_fields.items()
+        for k, v in _shared_fields(field.annotation, section).items()
+    }
     settings = {key for record in ALGORITHMS.values() for key in record.settings.model_fields}
     assert sorted(k for k in shared if k.startswith("train.") and k.rsplit(".", 1)[-1] in settings) == []
     names = {n.upper() for n in ALGORITHMS} | {"SimPO", "Online DPO", "Dr. GRPO", "GSPO-token"}
@@ -270,13 +293,20 @@ def test_the_shared_config_holds_no_algorithms_setting():
 def test_the_rank_side_code_never_looks_an_algorithm_up_by_name():
     """The trainer ranks get the algorithm's loss with their call, not a name to look up in the registry again."""
     training = [p for p in (REPO / "oxrl_core" / "training").rglob("*.py")]
-    uses = [f"{p.relative_to(REPO)}:{node.lineno}" for p in training for node in ast.walk(ast.parse(p.read_text()))
-            if isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", None)) == "ALGORITHMS"]
+    uses = [
+        f"{p.relative_to(REPO)}:{node.lineno}"
+        for p in training
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.Name, ast.Attribute))
+        and getattr(node, "id", getattr(node, "attr", None)) == "ALGORITHMS"
+    ]
     assert uses == []
 
 
 def test_the_loops_never_look_an_algorithm_up():
     """A run's algorithm is looked up once, when it is resolved (`oxrl_core/resolve/run.py`); the loops get its
     record with the run."""
-    found = [str(i) for i in imports() if i.source.startswith("oxrl_core.loops") and i.target == "oxrl_core.algs.registry"]
+    found = [
+        str(i) for i in imports() if i.source.startswith("oxrl_core.loops") and i.target == "oxrl_core.algs.registry"
+    ]
     assert found == []

@@ -39,8 +39,11 @@ def test_shipped_preference_kto_and_text_data_are_the_generators_output():
 
     for name, n, seed in (("train", 256, 0), ("val", 64, 1)):
         problems = arithmetic_problems(n, seed=seed)
-        for kind, records in (("pref", preference_records(problems, seed)), ("kto", unpaired_records(problems, seed)),
-                              ("text", text_records(problems))):
+        for kind, records in (
+            ("pref", preference_records(problems, seed)),
+            ("kto", unpaired_records(problems, seed)),
+            ("text", text_records(problems)),
+        ):
             shipped = (REPO / "examples" / "data" / f"arithmetic_{kind}_{name}.jsonl").read_text().splitlines()
             assert [json.loads(line) for line in shipped] == records
 

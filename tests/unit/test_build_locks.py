@@ -26,8 +26,10 @@ def test_a_lock_no_process_holds_in_an_idle_folder_is_stale_and_says_how_to_clea
     lock = lock_in(tmp_path, age_s=3 * 3600)
     [found] = build_locks(tmp_path)
     assert found.stale and found.holders == ()
-    assert found.describe() == (f"{lock}: a build lock left by an interrupted build (3.0 h old, held by no process); "
-                                f"every run that builds this op waits on it. Clear it: rm {lock}")
+    assert found.describe() == (
+        f"{lock}: a build lock left by an interrupted build (3.0 h old, held by no process); "
+        f"every run that builds this op waits on it. Clear it: rm {lock}"
+    )
     with pytest.raises(OxrlError, match=f"{lock}: a build lock left by an interrupted build"):
         wait_for_builds(tmp_path)
 
@@ -36,7 +38,7 @@ def test_a_lock_a_build_holds_open_or_one_just_left_is_not_stale(tmp_path):
     held = lock_in(tmp_path, "held", age_s=3 * 3600)
     fd = os.open(held, os.O_RDONLY)  # as the building process holds it
     try:
-        young = lock_in(tmp_path, "young", age_s=STALE_AFTER_S / 2)
+        lock_in(tmp_path, "young", age_s=STALE_AFTER_S / 2)
         locks = {lock.path.parent.name: lock for lock in build_locks(tmp_path)}
         assert locks["held"].holders == (os.getpid(),) and not locks["held"].stale
         assert "a build in progress (process" in locks["held"].describe()

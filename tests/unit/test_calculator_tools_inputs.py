@@ -26,8 +26,9 @@ def calculator_tools(monkeypatch):
 def test_demonstrations_load_and_their_tool_calls_give_the_answer(tmp_path, tiny_model_dir, calculator_tools):
     problems = every_arithmetic_problem(9)
     records = calculator_tools.demonstrations(problems, 400, 0.5, random.Random(0))
-    examples, _ = load_sft_examples(write_jsonl(records, tmp_path / "sft.jsonl"),
-                                         AutoTokenizer.from_pretrained(tiny_model_dir), 320, strict=True)
+    examples, _ = load_sft_examples(
+        write_jsonl(records, tmp_path / "sft.jsonl"), AutoTokenizer.from_pretrained(tiny_model_dir), 320, strict=True
+    )
     assert len(examples) == len(records)
     answers = {p["prompt"]: p["answer"] for p in problems}
     calls = wrong = 0

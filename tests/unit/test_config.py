@@ -66,7 +66,11 @@ def test_schema_errors_name_the_key_value_and_allowed(tmp_path, good, override, 
 def test_batch_size_must_match_micro_batch_grad_accum_and_ranks(tmp_path, good):
     message = rejected(tmp_path, good, ["run.train_ranks=2"])
     assert "train.batch_size=4" in message and "= 8" in message
-    assert "train.micro_batch_size (2)" in message and "train.grad_accum (2)" in message and "run.train_ranks (2)" in message
+    assert (
+        "train.micro_batch_size (2)" in message
+        and "train.grad_accum (2)" in message
+        and "run.train_ranks (2)" in message
+    )
 
 
 @pytest.mark.parametrize("size", [1, 3])
@@ -111,11 +115,20 @@ def test_offload_param_needs_zero3(tmp_path, good):
     assert "deepspeed.offload_param" in message and "zero_stage=3" in message
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("deepspeed.zero_optimization.stage3_prefetch_bucket_sze=5e8", "stage3_prefetch_bucket_sze: Extra inputs are not permitted"),
-    ("deepspeed.zero_optimization.stage3_prefetch_bucket_size=-1", "stage3_prefetch_bucket_size: Input should be greater than or equal to 0"),
-    ("deepspeed.zero_optimization.stage=2", "deepspeed.zero_optimization.stage: set deepspeed.zero_stage instead"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "deepspeed.zero_optimization.stage3_prefetch_bucket_sze=5e8",
+            "stage3_prefetch_bucket_sze: Extra inputs are not permitted",
+        ),
+        (
+            "deepspeed.zero_optimization.stage3_prefetch_bucket_size=-1",
+            "stage3_prefetch_bucket_size: Input should be greater than or equal to 0",
+        ),
+        ("deepspeed.zero_optimization.stage=2", "deepspeed.zero_optimization.stage: set deepspeed.zero_stage instead"),
+    ],
+)
 def test_deepspeeds_zero_settings_are_checked_against_its_own_schema_at_load(tmp_path, good, override, expected):
     assert expected in rejected(tmp_path, good, ["deepspeed.zero_stage=3", override])
 
@@ -123,10 +136,20 @@ def test_deepspeeds_zero_settings_are_checked_against_its_own_schema_at_load(tmp
 def test_deepspeeds_zero_settings_reach_the_engines_config_over_oxrls(tmp_path, good):
     from oxrl_core.training.deepspeed_setup import deepspeed_config
 
-    run = load(tmp_path, good, ["deepspeed.zero_stage=3", "deepspeed.offload_param=true",
-                                "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8"])
-    assert deepspeed_config(run.trainer)["zero_optimization"] == {"stage": 3, "offload_param": {"device": "cpu"},
-                                                                  "stage3_prefetch_bucket_size": 5e8}
+    run = load(
+        tmp_path,
+        good,
+        [
+            "deepspeed.zero_stage=3",
+            "deepspeed.offload_param=true",
+            "deepspeed.zero_optimization.stage3_prefetch_bucket_size=5e8",
+        ],
+    )
+    assert deepspeed_config(run.trainer)["zero_optimization"] == {
+        "stage": 3,
+        "offload_param": {"device": "cpu"},
+        "stage3_prefetch_bucket_size": 5e8,
+    }
 
 
 def test_missing_required_section_is_named(tmp_path, good):
@@ -154,16 +177,24 @@ def test_a_key_given_twice_is_refused_with_its_name_and_both_lines(tmp_path):
 def test_a_merge_key_is_overridden_by_the_mappings_own_key_not_refused(tmp_path, good):
     from oxrl_core.config.load import parse_yaml
 
-    assert parse_yaml("base: &b {lr: 1.0e-5, steps: 2}\ntrain:\n  <<: *b\n  lr: 3.0e-5\n", "x.yaml")["train"] == \
-        {"lr": 3e-5, "steps": 2}
+    assert parse_yaml("base: &b {lr: 1.0e-5, steps: 2}\ntrain:\n  <<: *b\n  lr: 3.0e-5\n", "x.yaml")["train"] == {
+        "lr": 3e-5,
+        "steps": 2,
+    }
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["train.alg=kd"], ["train.kd.teacher", "KD needs a teacher model"]),
-    (["train.alg=rft", "train.steps=5", "train.rft.iterations=2"], ["train.steps=5", "multiple of train.rft.iterations (2)"]),
-    (["train.alg=online-dpo", "rollout.n_samples=1"], ["rollout.n_samples=1", "at least 2 samples"]),
-    (["train.alg=spin", "data.val=VAL"], ["data.val=", "SPIN has no held-out measure"]),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["train.alg=kd"], ["train.kd.teacher", "KD needs a teacher model"]),
+        (
+            ["train.alg=rft", "train.steps=5", "train.rft.iterations=2"],
+            ["train.steps=5", "multiple of train.rft.iterations (2)"],
+        ),
+        (["train.alg=online-dpo", "rollout.n_samples=1"], ["rollout.n_samples=1", "at least 2 samples"]),
+        (["train.alg=spin", "data.val=VAL"], ["data.val=", "SPIN has no held-out measure"]),
+    ],
+)
 def test_algorithm_specific_mistakes_are_caught_at_load(tmp_path, good, overrides, expected):
     overrides = [o.replace("VAL", good["data"]["train"][0]["path"]) for o in overrides]
     message = rejected(tmp_path, good, overrides)
@@ -171,7 +202,9 @@ def test_algorithm_specific_mistakes_are_caught_at_load(tmp_path, good, override
 
 
 def test_dotted_overrides_change_the_resolved_config(tmp_path, good):
-    config = load(tmp_path, good, ["train.lr=2e-5", "train.steps=7", "lora.target_modules=[q_proj]", "data.train.0.ratio=0.5"]).config
+    config = load(
+        tmp_path, good, ["train.lr=2e-5", "train.steps=7", "lora.target_modules=[q_proj]", "data.train.0.ratio=0.5"]
+    ).config
     assert config.train.lr == 2e-5 and isinstance(config.train.lr, float)
     assert config.train.steps == 7
     assert config.lora.target_modules == ["q_proj"]
@@ -209,38 +242,67 @@ def test_rl_config_validates_group_size(tmp_path, good):
 def test_cispo_with_a_kl_coefficient_is_refused_naming_the_algorithms_that_take_one(tmp_path, good):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
-    with pytest.raises(OxrlError, match=r"unknown key 'train.cispo.kl_coeff' \(a setting of --alg dr-grpo, grpo, ppo, "):
+    with pytest.raises(
+        OxrlError, match=r"unknown key 'train.cispo.kl_coeff' \(a setting of --alg dr-grpo, grpo, ppo, "
+    ):
         load_config(RLConfig, path, ["train.alg=cispo", "train.cispo.kl_coeff=0.1", "rollout.n_samples=4"])
     ppo = load_config(RLConfig, path, ["train.alg=ppo", "train.ppo.kl_coeff=0.1", "rollout.n_samples=4"])
     resolved(ppo)
     assert ppo.train.settings.kl_coeff == 0.1
 
 
-@pytest.mark.parametrize("old, alg, says", [
-    ("train.kl_coeff=0.1", "sgrpo", "train.kl_coeff: moved to train.sgrpo.kl_coeff"),
-    ("train.kl_coeff=0.1", "cispo", "train.kl_coeff: --alg cispo has no such setting; kl_coeff is a setting of --alg"),
-    ("train.simpo_gamma=1.0", "simpo", "train.simpo_gamma: moved to train.simpo.gamma"),
-    ("train.teacher=x", "kd", "train.teacher: moved to train.kd.teacher"),
-    ("rollout.max_sampling_rounds=8", "dapo", "rollout.max_sampling_rounds: moved to train.dapo.max_sampling_rounds"),
-])
+@pytest.mark.parametrize(
+    "old, alg, says",
+    [
+        ("train.kl_coeff=0.1", "sgrpo", "train.kl_coeff: moved to train.sgrpo.kl_coeff"),
+        (
+            "train.kl_coeff=0.1",
+            "cispo",
+            "train.kl_coeff: --alg cispo has no such setting; kl_coeff is a setting of --alg",
+        ),
+        ("train.simpo_gamma=1.0", "simpo", "train.simpo_gamma: moved to train.simpo.gamma"),
+        ("train.teacher=x", "kd", "train.teacher: moved to train.kd.teacher"),
+        (
+            "rollout.max_sampling_rounds=8",
+            "dapo",
+            "rollout.max_sampling_rounds: moved to train.dapo.max_sampling_rounds",
+        ),
+    ],
+)
 def test_a_setting_at_its_old_flat_key_is_one_line_naming_its_new_key(tmp_path, good, old, alg, says):
     from oxrl_core.algs.registry import SL_ALGS
 
     schema = SLConfig if alg in SL_ALGS else RLConfig
     with pytest.raises(OxrlError) as refused:
-        load_config(schema, None, [f"train.alg={alg}", f"data.train=[{{path: {good['data']['train'][0]['path']}}}]", old])
+        load_config(
+            schema, None, [f"train.alg={alg}", f"data.train=[{{path: {good['data']['train'][0]['path']}}}]", old]
+        )
     assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    # the algorithms that train on episodes, named from their records: cispo, ..., sgrpo
-    (["train.alg=ppo", "rollout.env.name=calculator"], r"rollout.env.name='calculator': episodes train with --alg cispo, .*sgrpo \(got ppo\)"),
-    (["reward.func=env"], r"reward.func=env: the environment's own reward needs an environment \(rollout.env.name\)"),
-    (["rollout.env.name=calculator", "rollout.max_tokens=64", "rollout.env.max_episode_tokens=32"],
-     r"rollout.env.max_episode_tokens=32: must hold at least one full policy message \(rollout.max_tokens=64\)"),
-    (["rollout.env.name=calculator", "rollout.env.max_turns=17"], r"rollout.env.max_turns"),
-    (["rollout.env.name=chess"], r"rollout.env.name='chess': not a shipped environment \(calculator, guess-number\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # the algorithms that train on episodes, named from their records: cispo, ..., sgrpo
+        (
+            ["train.alg=ppo", "rollout.env.name=calculator"],
+            r"rollout.env.name='calculator': episodes train with --alg cispo, .*sgrpo \(got ppo\)",
+        ),
+        (
+            ["reward.func=env"],
+            r"reward.func=env: the environment's own reward needs an environment \(rollout.env.name\)",
+        ),
+        (
+            ["rollout.env.name=calculator", "rollout.max_tokens=64", "rollout.env.max_episode_tokens=32"],
+            r"rollout.env.max_episode_tokens=32: must hold at least one full policy message \(rollout.max_tokens=64\)",
+        ),
+        (["rollout.env.name=calculator", "rollout.env.max_turns=17"], r"rollout.env.max_turns"),
+        (
+            ["rollout.env.name=chess"],
+            r"rollout.env.name='chess': not a shipped environment \(calculator, guess-number\)",
+        ),
+    ],
+)
 def test_multi_turn_mistakes_are_refused_at_load(tmp_path, good, overrides, expected):
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(good))
@@ -258,7 +320,7 @@ def test_internal_failure_leaves_a_crash_report_but_a_user_mistake_does_not(tmp_
     from oxrl_core.loops.crash import crash_report
 
     with pytest.raises(ZeroDivisionError), crash_report(tmp_path / "run", "train: {lr: 0.1}\n"):
-        1 / 0
+        _ = 1 / 0
     report = (tmp_path / "run" / "crash.txt").read_text()
     assert "torch " in report and "train: {lr: 0.1}" in report and "ZeroDivisionError" in report
     with pytest.raises(OxrlError), crash_report(tmp_path / "other", ""):

@@ -27,7 +27,9 @@ def test_crash_json_says_what_failed_in_which_actor_where_with_each_actors_last_
     crash = crashed_run(tmp_path / "run", died)
     assert crash["error"]["class"] == "ActorDiedError" and crash["error"]["actor"] == "engine0"
     assert (crash["step"], crash["phase"], crash["policy_version"]) == (3, "refresh", 2)
-    assert crash["logs"]["engine0"] == [f"engine line {i}" for i in range(70, 100)] and crash["logs"]["rank0"] == ["rank line"]
+    assert crash["logs"]["engine0"] == [f"engine line {i}" for i in range(70, 100)] and crash["logs"]["rank0"] == [
+        "rank line"
+    ]
     assert "died" in crash["likely_cause"] and "--resume" in crash["fix"]
     assert crash["versions"]["torch"] != "not installed" and isinstance(crash["gpus"], list)
     assert len(crash["config_sha256"]) == 64 and "ActorDiedError" in crash["traceback"]
@@ -37,7 +39,7 @@ def test_crash_json_says_what_failed_in_which_actor_where_with_each_actors_last_
 def test_a_failure_oxrl_does_not_know_has_no_likely_cause_and_a_run_that_had_not_started_its_steps_says_so(tmp_path):
     run = tmp_path / "run"
     with pytest.raises(ZeroDivisionError), crash_report(run, ""):
-        1 / 0
+        _ = 1 / 0
     crash = json.loads((run / "crash.json").read_text())
     assert (crash["step"], crash["phase"], crash["likely_cause"], crash["fix"]) == (None, "start-up", None, None)
     assert crash["logs"] == {} and crash["error"]["actor"] is None
@@ -51,8 +53,13 @@ def test_the_issue_names_the_failure_the_actor_and_the_step_and_redacts_secrets_
     died.actor = "engine0"
     config = f"model: {{name_or_path: {home}/models/m}}\nreward: {{kwargs: {{api_key: abc123}}}}\n"
     crashed_run(tmp_path / "run", died, config)
-    (tmp_path / "run" / "crash.json").write_text((tmp_path / "run" / "crash.json").read_text().replace(
-        "engine line 99", "engine line 99 hf_abcdefghijklmnopqrstuvwxyz token=ghp_abcdefghijklmnopqrstuvwxyz0123"))
+    (tmp_path / "run" / "crash.json").write_text(
+        (tmp_path / "run" / "crash.json")
+        .read_text()
+        .replace(
+            "engine line 99", "engine line 99 hf_abcdefghijklmnopqrstuvwxyz token=ghp_abcdefghijklmnopqrstuvwxyz0123"
+        )
+    )
     title, body = issue_from_crash(tmp_path / "run", home)
     assert title == "ActorDiedError in engine0 at step 3 (refresh)"
     assert "phase `refresh`, policy version 2" in body and "**Likely cause:** an actor's process died" in body
@@ -62,14 +69,17 @@ def test_the_issue_names_the_failure_the_actor_and_the_step_and_redacts_secrets_
     assert "<summary>Last lines of engine0.log</summary>" in body and "<summary>Traceback</summary>" in body
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Authorization: Bearer abc.def", "Authorization: [redacted]"),
-    ("  hf_token: hf_123", "  hf_token: [redacted]"),
-    ("password=hunter2", "password=[redacted]"),
-    ("key AKIAABCDEFGHIJKLMNOP here", "key [redacted] here"),
-    ("{kwargs: {api_key: abc, n: 2}}", "{kwargs: {api_key: [redacted], n: 2}}"),
-    ("max_tokens: 8, pad_token: <|endoftext|>", "max_tokens: 8, pad_token: <|endoftext|>"),  # not secrets
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Authorization: Bearer abc.def", "Authorization: [redacted]"),
+        ("  hf_token: hf_123", "  hf_token: [redacted]"),
+        ("password=hunter2", "password=[redacted]"),
+        ("key AKIAABCDEFGHIJKLMNOP here", "key [redacted] here"),
+        ("{kwargs: {api_key: abc, n: 2}}", "{kwargs: {api_key: [redacted], n: 2}}"),
+        ("max_tokens: 8, pad_token: <|endoftext|>", "max_tokens: 8, pad_token: <|endoftext|>"),  # not secrets
+    ],
+)
 def test_redaction_covers_tokens_and_settings_named_as_secrets(text, expected):
     assert redact(text, Path("/home/bob")) == expected
 

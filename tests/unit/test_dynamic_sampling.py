@@ -22,8 +22,17 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
     def generate(prompts, n, temperature, seed_base):
         calls.append([p.record["id"] for p in prompts])
         for g, p in reversed(list(enumerate(prompts))):  # groups end in any order
-            yield [Rollout(group=g, prompt_ids=[p.record["id"]], response_ids=[1, 2, 3], sampler_logprobs=[0.0] * 3,
-                           finish_reason="stop", policy_version=0) for _ in range(n)]
+            yield [
+                Rollout(
+                    group=g,
+                    prompt_ids=[p.record["id"]],
+                    response_ids=[1, 2, 3],
+                    sampler_logprobs=[0.0] * 3,
+                    finish_reason="stop",
+                    policy_version=0,
+                )
+                for _ in range(n)
+            ]
 
     def score(rollouts, records, step):
         seen = {}
@@ -40,8 +49,14 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
     pg.prompt_sets, pg.sampler, pg.new_env = [prompts], MixedSampler([len(prompts)], [1.0], seed=0), None
     pg.generate, pg.calls, pg.policy_version = generate, calls, 0
     pg.scoring, pg.drawing = threading.Lock(), threading.Lock()
-    pg.run = SimpleNamespace(position=RunPosition(), score=score, reward_fn=None, first_step=1, run_dir="run",
-                             config=SimpleNamespace(reward=SimpleNamespace(overlong_buffer=0)))
+    pg.run = SimpleNamespace(
+        position=RunPosition(),
+        score=score,
+        reward_fn=None,
+        first_step=1,
+        run_dir="run",
+        config=SimpleNamespace(reward=SimpleNamespace(overlong_buffer=0)),
+    )
     return pg
 
 
@@ -56,21 +71,29 @@ def test_uniform_groups_are_dropped_and_the_batch_is_refilled_to_full_size():
         assert sorted(r.reward for r in rollouts if r.group == g) == [0.0, 1.0]
     drawn = [k for call in pg.calls for k in call]
     assert len(pg.calls) == metrics["sampling_rounds"] >= 2
-    assert [len(call) for call in pg.calls[1:]] == [4 - sum(k % 2 == 0 for c in pg.calls[:i + 1] for k in c)
-                                                    for i in range(len(pg.calls) - 1)]  # each round asks what is missing
+    assert [len(call) for call in pg.calls[1:]] == [
+        4 - sum(k % 2 == 0 for c in pg.calls[: i + 1] for k in c) for i in range(len(pg.calls) - 1)
+    ]  # each round asks what is missing
     assert metrics["groups_dropped"] == sum(k % 2 for k in drawn) > 0
     assert len(set(drawn)) == len(drawn)  # further prompts, never the same again
-    assert [k for k, _ in sampled.prompts] == [0] * 4 and [i for _, i in sampled.prompts] == [k for k in drawn if k % 2 == 0]
+    assert [k for k, _ in sampled.prompts] == [0] * 4 and [i for _, i in sampled.prompts] == [
+        k for k in drawn if k % 2 == 0
+    ]
     assert "resample" in seconds and "generate" in seconds
 
 
 def test_when_every_group_is_uniform_the_run_stops_after_its_rounds_with_a_message():
     pg = recipe([[1.0, 1.0]] * 40, groups=4, rounds=3)
     before = pg.sampler.state_dict()
-    with pytest.raises(SamplingStopped, match=r"dynamic sampling: after 3 rounds \(train.dapo.max_sampling_rounds\) only 0 "
-                                              r"of the 4 prompt groups .* \(12 groups scored the same") as stopped:
+    with pytest.raises(
+        SamplingStopped,
+        match=r"dynamic sampling: after 3 rounds \(train.dapo.max_sampling_rounds\) only 0 "
+        r"of the 4 prompt groups .* \(12 groups scored the same",
+    ) as stopped:
         pg.sample(step=1, timer=pg.run.position.timed)
-    with pytest.raises(OxrlError, match="12 groups scored the same.*; stopped at step 1: no step had finished, run again"):
+    with pytest.raises(
+        OxrlError, match="12 groups scored the same.*; stopped at step 1: no step had finished, run again"
+    ):
         pg.stop(0, str(stopped.value))  # what the step does with it
     assert len(pg.calls) == 3
     assert pg.sampler.state_dict() == before  # --resume draws the stopped step's prompts again

@@ -16,8 +16,8 @@ from oxrl_core.envs.guess_number import GuessNumber
 from oxrl_core.envs.tool_calls import MAX_CALLS, MAX_RESULT_CHARS, BadCall, ToolCall, parse_tool_calls, run_tool_calls
 from oxrl_core.errors import OxrlError
 from oxrl_core.loops.recipes.policy_gradient import correct, rl_micro_batches
-from oxrl_core.rollout.records import Completion, Rollout, sample_seed
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
+from oxrl_core.rollout.records import Completion, Rollout, sample_seed
 
 
 def call(name: str, **arguments) -> str:
@@ -26,19 +26,23 @@ def call(name: str, **arguments) -> str:
 
 # -- the parser ------------------------------------------------------------------------------------------------
 
+
 def test_tool_calls_are_read_in_order_and_text_without_one_has_none():
     text = "Let me add. " + call("add", a=2, b=3) + "\n" + call("mul", a=4, b=5.5)
     assert parse_tool_calls(text) == [ToolCall("add", {"a": 2, "b": 3}), ToolCall("mul", {"a": 4, "b": 5.5})]
     assert parse_tool_calls("The answer is 5.") == []
 
 
-@pytest.mark.parametrize("text, error", [
-    ("<tool_call>{not json}</tool_call>", "not JSON"),
-    ('<tool_call>["add", 1, 2]</tool_call>', 'expected {"name"'),
-    ('<tool_call>{"arguments": {}}</tool_call>', 'expected {"name"'),
-    ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', "arguments must be an object"),
-    ('<tool_call>{"name": "add", "arguments": {"a": 1}', "without its </tool_call>"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("<tool_call>{not json}</tool_call>", "not JSON"),
+        ('<tool_call>["add", 1, 2]</tool_call>', 'expected {"name"'),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'expected {"name"'),
+        ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', "arguments must be an object"),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1}', "without its </tool_call>"),
+    ],
+)
 def test_a_malformed_call_is_a_bad_call_saying_why(text, error):
     [bad] = parse_tool_calls(text)
     assert isinstance(bad, BadCall) and error in bad.error
@@ -50,9 +54,16 @@ def test_hostile_calls_cost_no_more_than_reading_them():
     assert isinstance(deep, BadCall)  # too long to parse, never a RecursionError
     [deep] = parse_tool_calls("<tool_call>" + "[" * 900 + "]" * 900 + "</tool_call>")
     assert isinstance(deep, BadCall)
-    replies = run_tool_calls(parse_tool_calls(call("mul", a=1e12, b=1e12) + call("div", a=1, b=0) + call("add", a="1", b=2)
-                                              + call("__import__", module="os") + call("add", a=1, b=2, c=3)),
-                             Calculator.FUNCTIONS)
+    replies = run_tool_calls(
+        parse_tool_calls(
+            call("mul", a=1e12, b=1e12)
+            + call("div", a=1, b=0)
+            + call("add", a="1", b=2)
+            + call("__import__", module="os")
+            + call("add", a=1, b=2, c=3)
+        ),
+        Calculator.FUNCTIONS,
+    )
     contents = [r["content"] for r in replies]
     assert all(r["role"] == "tool" for r in replies)
     assert "beyond" in contents[0] and "ZeroDivisionError" in contents[1] and "operands are numbers" in contents[2]
@@ -62,6 +73,7 @@ def test_hostile_calls_cost_no_more_than_reading_them():
 
 
 # -- the environments ------------------------------------------------------------------------------------------
+
 
 def test_the_calculator_answers_tool_calls_and_ends_at_a_message_without_one():
     env = Calculator()
@@ -97,6 +109,7 @@ def test_environments_resolve_by_name_or_module_and_bad_ones_are_named():
 
 # -- the turn template -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
@@ -113,14 +126,18 @@ def test_the_environments_reply_follows_the_sampled_end_of_turn_up_to_the_next_g
     assert tokenizer.decode(reply) == "\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n"
     # a message that stopped on another token keeps the template's whole closing
     other = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    assert tokenizer.decode(template.reply_ids([{"role": "user", "content": "higher"}], last_sampled=other)) == \
-        "<|im_end|>\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(template.reply_ids([{"role": "user", "content": "higher"}], last_sampled=other))
+        == "<|im_end|>\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     class Rewriting:  # renders the assistant's message only while it is the last one
         def apply_chat_template(self, messages, tools, tokenize, add_generation_prompt):
-            return "".join(m["content"] if m["role"] != "assistant" or m is messages[-1] else "(earlier)" for m in messages)
+            return "".join(
+                m["content"] if m["role"] != "assistant" or m is messages[-1] else "(earlier)" for m in messages
+            )
 
         def decode(self, ids):
             return ""
@@ -157,8 +174,10 @@ class ScriptedPolicy:
             running.sort(key=lambda x: x[:2])
             now, _, request, ids, t = running.pop(0)
             finish = "length" if len(ids) > request.max_tokens else "stop"
-            ids = ids[:request.max_tokens]
-            done = Completion(request.key, ids, [-0.5] * len(ids), finish, [(self.versions[t] if self.versions else 3, 0)])
+            ids = ids[: request.max_tokens]
+            done = Completion(
+                request.key, ids, [-0.5] * len(ids), finish, [(self.versions[t] if self.versions else 3, 0)]
+            )
             self.ended.append((request.key, t, now))
             following = follow_up(done)
             for nxt in following:
@@ -170,8 +189,15 @@ class ScriptedPolicy:
 def episodes(tokenizer, policy, env=Calculator, n=1, max_turns=4, max_tokens=64, max_episode_tokens=400, records=None):
     records = records or [{"prompt": "What is 12 * 3?", "answer": "36"}]
     template = TurnTemplate(tokenizer, env.tools)
-    prompts = [PromptExample(tokenizer.apply_chat_template(env().reset(r), tools=env.tools or None, add_generation_prompt=True,
-                                                           return_dict=False), r) for r in records]
+    prompts = [
+        PromptExample(
+            tokenizer.apply_chat_template(
+                env().reset(r), tools=env.tools or None, add_generation_prompt=True, return_dict=False
+            ),
+            r,
+        )
+        for r in records
+    ]
     ended = stream_episodes(policy, prompts, n, 1.0, 1.0, 7, env, template, max_turns, max_tokens, max_episode_tokens)
     return [rollout for _, rollout in sorted(ended, key=lambda x: x[0])], prompts
 
@@ -180,7 +206,9 @@ def test_an_episode_holds_the_policys_turns_and_the_environments_replies_masked(
     policy = ScriptedPolicy(tokenizer, [[call("mul", a=12, b=3), "The answer is 36."]])
     [episode], [prompt] = episodes(tokenizer, policy)
     first = tokenizer(call("mul", a=12, b=3), add_special_tokens=False)["input_ids"] + [END]
-    reply = tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    reply = tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+        "input_ids"
+    ]
     last = tokenizer("The answer is 36.", add_special_tokens=False)["input_ids"] + [END]
     assert episode.response_ids == first + reply + last
     assert episode.policy_mask == [1] * len(first) + [0] * len(reply) + [1] * len(last)
@@ -194,8 +222,9 @@ def test_an_episode_holds_the_policys_turns_and_the_environments_replies_masked(
 
 def test_max_turns_cuts_an_episode_after_its_last_allowed_message_with_no_environment_reward(tokenizer):
     policy = ScriptedPolicy(tokenizer, [["10", "20"]])
-    [episode], _ = episodes(tokenizer, policy, env=GuessNumber, max_turns=2,
-                            records=[{"prompt": "Guess from 1 to 100.", "answer": "37"}])
+    [episode], _ = episodes(
+        tokenizer, policy, env=GuessNumber, max_turns=2, records=[{"prompt": "Guess from 1 to 100.", "answer": "37"}]
+    )
     assert len(policy.requests) == 2 and episode.finish_reason == "stop" and episode.env_reward is None
     assert tokenizer.decode(episode.response_ids).endswith("20<|im_end|>")  # no reply after the last allowed turn
 
@@ -213,7 +242,9 @@ def test_an_episodes_next_turn_starts_when_its_message_ends_not_after_the_other_
 def test_the_token_budget_shrinks_each_turn_and_an_episode_reaching_it_ends_truncated(tokenizer):
     first = call("mul", a=12, b=3)
     used = len(tokenizer(first, add_special_tokens=False)["input_ids"]) + 1
-    reply = len(tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+    reply = len(
+        tokenizer("\n<|im_start|>tool\n36<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    )
     # room for the first message and the reply, then 3 tokens of the second
     policy = ScriptedPolicy(tokenizer, [[first, "The answer is 36."]])
     [episode], _ = episodes(tokenizer, policy, max_tokens=64, max_episode_tokens=used + reply + 3)
@@ -246,11 +277,21 @@ def test_an_episode_records_where_the_weights_changed_between_its_turns(tokenize
 
 # -- the token mask --------------------------------------------------------------------------------------------
 
+
 def episode_rollouts() -> list[Rollout]:
     """Two episodes: prompt, policy tokens, environment tokens, policy tokens; and a single-turn sample."""
-    return [Rollout(0, [5, 6, 7], [10, 11, 20, 21, 22, 12], [-1.0, -1.0, 0.0, 0.0, 0.0, -1.0], "stop", 0,
-                    policy_mask=[1, 1, 0, 0, 0, 1]),
-            Rollout(0, [5, 6, 7], [13, 2], [-1.0, -1.0], "stop", 0)]
+    return [
+        Rollout(
+            0,
+            [5, 6, 7],
+            [10, 11, 20, 21, 22, 12],
+            [-1.0, -1.0, 0.0, 0.0, 0.0, -1.0],
+            "stop",
+            0,
+            policy_mask=[1, 1, 0, 0, 0, 1],
+        ),
+        Rollout(0, [5, 6, 7], [13, 2], [-1.0, -1.0], "stop", 0),
+    ]
 
 
 def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
@@ -260,9 +301,19 @@ def test_environment_tokens_are_masked_out_of_the_loss_and_get_no_gradient():
     assert batch["response_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1]
     assert batch["response_mask"][1].tolist() == [0, 0, 1, 1, 0, 0, 0, 0]
     logprobs = torch.full_like(batch["response_mask"], -1.0, dtype=torch.float64, requires_grad=True)
-    loss, _ = cispo_loss(logprobs, logprobs.detach(), batch["advantages"].double(), batch["response_mask"].double(), torch.ones_like(logprobs),
-                         clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=batch["response_mask"].sum().item(),
-                         num_seqs=2.0, max_tokens=8.0)
+    loss, _ = cispo_loss(
+        logprobs,
+        logprobs.detach(),
+        batch["advantages"].double(),
+        batch["response_mask"].double(),
+        torch.ones_like(logprobs),
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_agg="token-mean",
+        num_tokens=batch["response_mask"].sum().item(),
+        num_seqs=2.0,
+        max_tokens=8.0,
+    )
     loss.backward()
     env_positions = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 0], [0] * 8], dtype=torch.bool)
     assert (logprobs.grad[env_positions] == 0).all() and (logprobs.grad[batch["response_mask"] > 0] != 0).all()

@@ -52,8 +52,11 @@ def logits_path(hidden, weight, ids, temperature):
 
 
 # CHUNK -> forward chunks of the 18 positions; backward slices of the 50 vocabulary entries
-CHUNKINGS = {"one row, slices of 2": V, "4 rows (4+4+4+4+2), slices of 11 (11x4+6)": 4 * V + 3,
-             "whole": fused_head.CHUNK}
+CHUNKINGS = {
+    "one row, slices of 2": V,
+    "4 rows (4+4+4+4+2), slices of 11 (11x4+6)": 4 * V + 3,
+    "whole": fused_head.CHUNK,
+}
 
 
 @pytest.mark.parametrize("chunk", CHUNKINGS.values(), ids=CHUNKINGS.keys())
@@ -62,7 +65,9 @@ def test_logprobs_entropy_and_their_gradients_match_the_float64_log_softmax_of_t
     hidden, weight, ids, weights = inputs(0)
     ids[0, 1], ids[1, 3] = 0, V - 1  # targets in the first and the last slice
     for temperature in (1.0, 0.7):
-        logprobs, entropy, grad_hidden, grad_weight = values_and_gradients(fused, hidden, weight, ids, weights, temperature)
+        logprobs, entropy, grad_hidden, grad_weight = values_and_gradients(
+            fused, hidden, weight, ids, weights, temperature
+        )
         ref_hidden, ref_weight = hidden.double().requires_grad_(), weight.double().requires_grad_()
         ref_lp, ref_h = reference(ref_hidden, ref_weight, ids, temperature)
         ((ref_lp * weights[0].double()).sum() + (ref_h * weights[1].double()).sum()).backward()
@@ -77,9 +82,14 @@ def test_logprobs_entropy_and_their_gradients_match_the_float64_log_softmax_of_t
 @pytest.mark.parametrize("with_entropy", [True, False])
 def test_gradients_pass_gradcheck_in_float64(monkeypatch, with_entropy):
     g = torch.Generator().manual_seed(1)
-    hidden, weight = torch.randn(2, 4, 4, generator=g, dtype=torch.float64), torch.randn(12, 4, generator=g, dtype=torch.float64)
+    hidden, weight = (
+        torch.randn(2, 4, 4, generator=g, dtype=torch.float64),
+        torch.randn(12, 4, generator=g, dtype=torch.float64),
+    )
     ids = torch.randint(0, 12, (2, 4), generator=g)
-    monkeypatch.setattr(fused_head, "CHUNK", 4 * 12 + 1)  # 6 positions in chunks of 4 + 2; 12 columns in slices of 8 + 4
+    monkeypatch.setattr(
+        fused_head, "CHUNK", 4 * 12 + 1
+    )  # 6 positions in chunks of 4 + 2; 12 columns in slices of 8 + 4
 
     def fn(h, w):
         logprobs, entropy = fused_token_logprobs(h, w, ids, 0.8, with_entropy)
@@ -100,7 +110,10 @@ def test_equal_to_the_logits_path_within_1e_5_in_float32(monkeypatch):
 
 def test_bfloat16_inputs_give_the_logits_path_s_values_and_gradients_as_accurate(monkeypatch):
     g = torch.Generator().manual_seed(3)
-    hidden, weight = torch.randn(2, 33, 32, generator=g).bfloat16(), (torch.randn(600, 32, generator=g) * 0.3).bfloat16()
+    hidden, weight = (
+        torch.randn(2, 33, 32, generator=g).bfloat16(),
+        (torch.randn(600, 32, generator=g) * 0.3).bfloat16(),
+    )
     ids, weights = torch.randint(0, 600, (2, 33), generator=g), torch.randn(2, 2, 32, generator=g)
     monkeypatch.setattr(fused_head, "CHUNK", 600 * 64 // 7)  # 64 positions in chunks of 9; slices of 85 columns
     mine = values_and_gradients(fused, hidden, weight, ids, weights, 0.7)
@@ -153,8 +166,11 @@ def test_the_triton_path_matches_the_float64_log_softmax(tmp_path):
     # 10 positions in chunks of 3 (3+3+3+1); the backward's vocabulary in slices of 2468 (3 x 2468 + 825)
     case = {"hidden": hidden, "weight": weight, "ids": ids, "temperature": 0.7, "weights": weights, "chunk": 3 * vocab}
     torch.save(case, tmp_path / "case.pt")
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
-                   env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        check=True,
+    )
     out = torch.load(tmp_path / "out.pt")
     ref_hidden, ref_weight = hidden.double().requires_grad_(), weight.double().requires_grad_()
     ref_lp, ref_h = reference(ref_hidden, ref_weight, ids, 0.7)
@@ -167,8 +183,16 @@ def test_the_triton_path_matches_the_float64_log_softmax(tmp_path):
 
 
 def small_qwen(tied: bool) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=tied)
+    config = Qwen2Config(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
@@ -190,7 +214,9 @@ def test_the_head_stands_in_for_the_output_layer_under_the_same_name_and_gives_i
             with head.scoring(ids, 0.7, with_entropy=True):
                 logprobs, entropy = model(input_ids=ids, attention_mask=attention_mask).logits
         else:  # outside `scoring`: the logits, as the linear layer gave them
-            logprobs, entropy = token_logprobs_and_entropy(model(input_ids=ids, attention_mask=attention_mask).logits, ids, 0.7)
+            logprobs, entropy = token_logprobs_and_entropy(
+                model(input_ids=ids, attention_mask=attention_mask).logits, ids, 0.7
+            )
         ((logprobs * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
         return logprobs, entropy, {name: p.grad.clone() for name, p in model.named_parameters()}
 

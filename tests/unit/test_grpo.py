@@ -31,9 +31,13 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
     old = logp + torch.randn(4, 6, generator=generator, dtype=torch.float64) * 0.3  # ratios on both sides of the clip
     ref = logp + torch.randn(4, 6, generator=generator, dtype=torch.float64) * 0.2
     adv = torch.tensor([1.0, -0.5, 0.0, 2.0], dtype=torch.float64)
-    mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float64)
+    mask = torch.tensor(
+        [[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float64
+    )
     logp.requires_grad_(True)
-    loss, metrics = grpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, clip_low=0.2, kl_coeff=beta, num_seqs=4.0)
+    loss, metrics = grpo_loss(
+        logp, old, adv, mask, torch.ones_like(mask), ref if beta else None, clip_low=0.2, kl_coeff=beta, num_seqs=4.0
+    )
     expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta)
     assert loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     loss.backward()
@@ -42,20 +46,26 @@ def test_grpo_loss_and_its_gradient_match_the_papers_objective(beta):
         bumped = [logp.detach().clone() for _ in range(2)]
         bumped[0][i, t] += step
         bumped[1][i, t] -= step
-        difference = (reference_loss(bumped[0].tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta)
-                      - reference_loss(bumped[1].tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta))
+        difference = reference_loss(
+            bumped[0].tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta
+        ) - reference_loss(bumped[1].tolist(), old.tolist(), adv.tolist(), mask.tolist(), ref.tolist(), 0.2, beta)
         assert logp.grad[i, t].item() == pytest.approx(difference / (2 * step), rel=1e-5, abs=1e-8)
     assert ("kl_ref_sum" in metrics) == (beta > 0)
 
 
-@pytest.mark.parametrize("alg, key, message", [("grpo", "clip_high=0.3", "clips symmetrically"),
-                                               ("grpo", "loss_agg=token-mean", "averages each sample's tokens"),
-                                               ("dapo", "loss_agg=token-mean", "token-level by definition"),
-                                               ("gspo", "loss_agg=token-mean", "mean over samples"),
-                                               ("gspo-token", "loss_agg=token-mean", "mean over samples"),
-                                               ("rloo", "loss_agg=token-mean", "mean over samples"),
-                                               ("dr-grpo", "adv_std_norm=group", "does not scale advantages"),
-                                               ("dr-grpo", "loss_agg=token-mean", "--alg sgrpo chooses it")])
+@pytest.mark.parametrize(
+    "alg, key, message",
+    [
+        ("grpo", "clip_high=0.3", "clips symmetrically"),
+        ("grpo", "loss_agg=token-mean", "averages each sample's tokens"),
+        ("dapo", "loss_agg=token-mean", "token-level by definition"),
+        ("gspo", "loss_agg=token-mean", "mean over samples"),
+        ("gspo-token", "loss_agg=token-mean", "mean over samples"),
+        ("rloo", "loss_agg=token-mean", "mean over samples"),
+        ("dr-grpo", "adv_std_norm=group", "does not scale advantages"),
+        ("dr-grpo", "loss_agg=token-mean", "--alg sgrpo chooses it"),
+    ],
+)
 def test_an_algorithm_refuses_a_setting_its_definition_fixes_saying_why(tmp_path, alg, key, message):
     from oxrl_core.config.load import load_config
     from oxrl_core.config.schema import RLConfig
@@ -63,5 +73,8 @@ def test_an_algorithm_refuses_a_setting_its_definition_fixes_saying_why(tmp_path
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
     with pytest.raises(OxrlError, match=rf"unknown key 'train.{alg}.{key.split('=')[0]}' \(.*{message}"):
-        load_config(RLConfig, None, [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
-                                     f"train.{alg}.{key}"])
+        load_config(
+            RLConfig,
+            None,
+            [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}", f"train.{alg}.{key}"],
+        )

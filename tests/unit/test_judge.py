@@ -21,34 +21,51 @@ from oxrl_core.rewards.judge import Judge, check_judge, pairwise_reward, parse_s
 QUESTION = {"prompt": "What is 2 + 3?", "answer": "5"}
 
 
-@pytest.mark.parametrize("text, reward", [
-    ("Score: 8", 7 / 9),
-    ("The answer is right.\nscore = 10", 1.0),
-    ("**Score:** 1", 0.0),
-    ("Score: 7/10", 6 / 9),                        # the denominator is not a second score
-    ("Score: 3 at first glance. On reflection, Score: 9", 8 / 9),  # the last verdict counts
-    ("  6. ", 5 / 9),                              # a reply that is only a number
-    ("Score: 5.5", 4.5 / 9),
-])
+@pytest.mark.parametrize(
+    "text, reward",
+    [
+        ("Score: 8", 7 / 9),
+        ("The answer is right.\nscore = 10", 1.0),
+        ("**Score:** 1", 0.0),
+        ("Score: 7/10", 6 / 9),  # the denominator is not a second score
+        ("Score: 3 at first glance. On reflection, Score: 9", 8 / 9),  # the last verdict counts
+        ("  6. ", 5 / 9),  # a reply that is only a number
+        ("Score: 5.5", 4.5 / 9),
+    ],
+)
 def test_a_score_is_read_from_the_last_score_line_and_scaled_to_0_1(text, reward):
     assert parse_score(text, 1, 10) == pytest.approx(reward)
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "I cannot evaluate this response.",            # a refusal
-    "It deserves 7 out of 10, maybe 8.",           # several bare numbers, no Score line
-    "Score: 11",                                    # out of range
-    "Score: 0",
-    "Score: high",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "I cannot evaluate this response.",  # a refusal
+        "It deserves 7 out of 10, maybe 8.",  # several bare numbers, no Score line
+        "Score: 11",  # out of range
+        "Score: 0",
+        "Score: high",
+    ],
+)
 def test_a_judgment_without_a_readable_score_in_range_gives_none(text):
     assert parse_score(text, 1, 10) is None
 
 
-@pytest.mark.parametrize("text, verdict", [("Verdict: A", "A"), ("A is clearer.\nverdict: b", "B"), ("[[B]]", "B"),
-                                           ("A", "A"), ("Verdict: [[A]]", "A"), ("Verdict: A... no, Verdict: B", "B"),
-                                           ("Both are fine.", None), ("", None), ("AB", None)])
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("Verdict: A", "A"),
+        ("A is clearer.\nverdict: b", "B"),
+        ("[[B]]", "B"),
+        ("A", "A"),
+        ("Verdict: [[A]]", "A"),
+        ("Verdict: A... no, Verdict: B", "B"),
+        ("Both are fine.", None),
+        ("", None),
+        ("AB", None),
+    ],
+)
 def test_a_pairwise_verdict_is_the_last_verdict_line_or_a_lone_letter(text, verdict):
     assert parse_verdict(text) == verdict
 
@@ -71,8 +88,10 @@ def test_the_judge_reads_a_single_user_turn_as_is_and_a_conversation_as_role_lin
 
 
 def test_templates_fill_their_placeholders_and_keep_other_braces():
-    assert render("Q: {prompt} {json: {\"a\": 1}} R: {response}", {"prompt": "2+3", "response": "{prompt}"}) == \
-        "Q: 2+3 {json: {\"a\": 1}} R: {prompt}"  # a response that holds a placeholder is not filled in again
+    assert (
+        render('Q: {prompt} {json: {"a": 1}} R: {response}', {"prompt": "2+3", "response": "{prompt}"})
+        == 'Q: 2+3 {json: {"a": 1}} R: {prompt}'
+    )  # a response that holds a placeholder is not filled in again
     number = check_judge(JudgeSection(model="m", score_min=0, score_max=5))
     assert "{prompt}" in number and "{response}" in number and "from 0 " in number and " to 5 " in number
     pairwise = check_judge(JudgeSection(model="m", score="pairwise"))
@@ -80,15 +99,23 @@ def test_templates_fill_their_placeholders_and_keep_other_braces():
     assert "Answer Yes or No." in check_judge(JudgeSection(model="m", score="yes-probability"))
 
 
-@pytest.mark.parametrize("settings, words", [
-    (JudgeSection(), "reward.judge.model"),
-    (JudgeSection(model="m", template="{prompt} {answer}"), "unknown placeholder(s) {answer}"),
-    (JudgeSection(model="m", template="Question: {prompt}"), "must contain {response}"),
-    (JudgeSection(model="m", score="pairwise", template="{prompt} {response}"), "unknown placeholder(s) {response}"),
-    (JudgeSection(model="m", score_min=5, score_max=5), "must be below reward.judge.score_max"),
-])
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        (JudgeSection(), "reward.judge.model"),
+        (JudgeSection(model="m", template="{prompt} {answer}"), "unknown placeholder(s) {answer}"),
+        (JudgeSection(model="m", template="Question: {prompt}"), "must contain {response}"),
+        (
+            JudgeSection(model="m", score="pairwise", template="{prompt} {response}"),
+            "unknown placeholder(s) {response}",
+        ),
+        (JudgeSection(model="m", score_min=5, score_max=5), "must be below reward.judge.score_max"),
+    ],
+)
 def test_bad_judge_settings_are_refused_by_name(settings, words):
-    with pytest.raises(OxrlError, match=words.replace("(", r"\(").replace(")", r"\)").replace("{", r"\{").replace("}", r"\}")):
+    with pytest.raises(
+        OxrlError, match=words.replace("(", r"\(").replace(")", r"\)").replace("{", r"\{").replace("}", r"\}")
+    ):
         check_judge(settings)
 
 
@@ -96,6 +123,7 @@ def test_bad_judge_settings_are_refused_by_name(settings, words):
 def judge_of(tiny_model_dir):
     """`judge_of(verdict, **settings)`: a Judge on the tiny model's tokenizer whose engine is `verdict`, a function
     from one judge prompt to the judge's text."""
+
     def make(verdict, **settings) -> Judge:
         judge = Judge(JudgeSection(model=str(tiny_model_dir), **settings))
         judge._judge = lambda prompts: [(p, verdict(p)) for p in prompts]
@@ -146,8 +174,16 @@ def test_yes_probability_is_the_judges_yes_against_no_from_its_exact_logprobs(ti
     judge._call = engine
     assert judge.score_batch(["5", "4"], [QUESTION, QUESTION]) == [pytest.approx(0.75), pytest.approx(0.25)]
     tokenize = judge.tokenizer
-    assert asked == [("continuation_logprobs", 2, [tokenize("Yes", add_special_tokens=False)["input_ids"],
-                                                   tokenize("No", add_special_tokens=False)["input_ids"]])]
+    assert asked == [
+        (
+            "continuation_logprobs",
+            2,
+            [
+                tokenize("Yes", add_special_tokens=False)["input_ids"],
+                tokenize("No", add_special_tokens=False)["input_ids"],
+            ],
+        )
+    ]
 
 
 def test_a_judge_prompt_longer_than_the_judges_context_is_reported_not_sent(tiny_model_dir):
@@ -194,7 +230,9 @@ def test_the_judge_gets_a_bundle_of_its_own_or_shares_trainer_rank_0s_gpu():
 
 def test_judge_settings_with_another_reward_and_a_judge_outside_rl_are_refused(tmp_path):
     with pytest.raises(OxrlError, match="reward.judge: set, but reward.func='math'"):
-        resolve_run("rl", Path("examples/cispo_tiny.yaml"), ["reward.judge.model=oxrl-tiny", f"run.output_dir={tmp_path}"])
+        resolve_run(
+            "rl", Path("examples/cispo_tiny.yaml"), ["reward.judge.model=oxrl-tiny", f"run.output_dir={tmp_path}"]
+        )
     with pytest.raises(OxrlError, match="RL rollouts only"):
         resolve_reward("judge", {})
     with pytest.raises(OxrlError, match="settings are under reward.judge"):

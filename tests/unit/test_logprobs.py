@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from oxrl_core.training import triton_logprobs
 from oxrl_core.algs.kl import token_kl
+from oxrl_core.training import triton_logprobs
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
@@ -83,8 +83,11 @@ def interpreted(tmp_path, cases: list[dict]) -> list[dict]:
     """The CUDA path's Triton kernels run on CPU by Triton's interpreter, in a child process: TRITON_INTERPRET=1
     has to be set before triton is first imported (and it sends CPU tensors down the Triton path)."""
     torch.save(cases, tmp_path / "cases.pt")
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
-                   env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        check=True,
+    )
     return torch.load(tmp_path / "out.pt")
 
 
@@ -97,12 +100,17 @@ def test_triton_kernels_match_the_full_softmax_across_vocabulary_blocks(tmp_path
     logits[1, 3, 100] = 60.0  # a maximum that arrives in the first block and dominates
     logits[0, 0, vocab - 2] = 60.0  # and one that arrives only in the last block
     weights = torch.randn(2, 2, 4, generator=g)
-    cases = [{"logits": logits, "ids": ids, "temperature": t, "entropy": entropy, "weights": weights}
-             for t in (1.0, 0.7) for entropy in ("grad", "metric")]
+    cases = [
+        {"logits": logits, "ids": ids, "temperature": t, "entropy": entropy, "weights": weights}
+        for t in (1.0, 0.7)
+        for entropy in ("grad", "metric")
+    ]
     for case, out in zip(cases, interpreted(tmp_path, cases)):
         ref = logits.double().requires_grad_()
         ref_lp, ref_h = reference(ref, ids, case["temperature"])
-        ((ref_lp * weights[0].double()).sum() + (ref_h * weights[1].double()).sum() * (case["entropy"] == "grad")).backward()
+        (
+            (ref_lp * weights[0].double()).sum() + (ref_h * weights[1].double()).sum() * (case["entropy"] == "grad")
+        ).backward()
         assert torch.allclose(out["logprobs"].double(), ref_lp, atol=1e-5)
         assert torch.allclose(out["entropy"].double(), ref_h, atol=1e-4)
         assert out["grad"].dtype == torch.bfloat16 and (out["grad"][:, -1] == 0).all()
@@ -122,10 +130,12 @@ def test_triton_forward_without_entropy_gives_the_same_logprobs(tmp_path):
 
 def kl_reference(student: list, teacher: list, temperature: float) -> float:
     """KL(softmax(teacher / T) || softmax(student / T)) of one position, in plain float64 Python."""
+
     def log_softmax(row):
         top = max(v / temperature for v in row)
         lse = top + math.log(sum(math.exp(v / temperature - top) for v in row))
         return [v / temperature - lse for v in row]
+
     return sum(math.exp(lt) * (lt - ls) for lt, ls in zip(log_softmax(teacher), log_softmax(student)))
 
 
@@ -135,11 +145,14 @@ def test_token_kl_matches_the_softmax_kl_and_its_gradient_matches_finite_differe
     teacher = torch.randn(2, 4, 30, generator=g, dtype=torch.float64) * 3
     for temperature in (1.0, 0.5, 2.0):
         kl = token_kl(student, teacher, temperature)
-        expected = [[kl_reference(student[b, n].tolist(), teacher[b, n].tolist(), temperature) for n in range(4)]
-                    for b in range(2)]
+        expected = [
+            [kl_reference(student[b, n].tolist(), teacher[b, n].tolist(), temperature) for n in range(4)]
+            for b in range(2)
+        ]
         assert torch.allclose(kl, torch.tensor(expected, dtype=torch.float64), atol=1e-10)
-        assert torch.autograd.gradcheck(lambda s: token_kl(s, teacher, temperature),
-                                        (student.clone().requires_grad_(),))
+        assert torch.autograd.gradcheck(
+            lambda s: token_kl(s, teacher, temperature), (student.clone().requires_grad_(),)
+        )
 
 
 def test_token_kl_of_bfloat16_logits_runs_in_float32_and_gives_the_teacher_no_gradient():
@@ -149,5 +162,7 @@ def test_token_kl_of_bfloat16_logits_runs_in_float32_and_gives_the_teacher_no_gr
     kl = token_kl(student, teacher, 1.5)
     kl.sum().backward()
     expected = [[kl_reference(student[b, n].tolist(), teacher[b, n].tolist(), 1.5) for n in range(3)] for b in range(2)]
-    assert kl.dtype == torch.float32 and torch.allclose(kl.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-5)
+    assert kl.dtype == torch.float32 and torch.allclose(
+        kl.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-5
+    )
     assert student.grad.dtype == torch.bfloat16 and teacher.grad is None

@@ -44,7 +44,9 @@ IMAGE, TEXT = {"type": "image"}, {"type": "text", "text": "How many?"}
 
 
 @pytest.mark.parametrize("width, height", [(56, 56), (30, 40), (500, 120), (13, 300), (1000, 1000), (60, 29)])
-def test_sizing_gives_the_token_count_the_models_own_processor_gives_the_raw_image(tiny_vl_model_dir, policy, width, height):
+def test_sizing_gives_the_token_count_the_models_own_processor_gives_the_raw_image(
+    tiny_vl_model_dir, policy, width, height
+):
     processor = AutoImageProcessor.from_pretrained(tiny_vl_model_dir)
     raw = Image.open(io.BytesIO(png(width, height)))
     own = int(processor(images=[raw], return_tensors="pt")["image_grid_thw"].prod() // processor.merge_size**2)
@@ -63,10 +65,19 @@ def bound_forms(tmp_path, data: bytes, kind: str, mime: str, policy) -> list[np.
     path.parent.mkdir()
     path.write_bytes(data)
     b64 = base64.b64encode(data).decode()
-    forms = [f"media/a.{mime}", str(path), b64, f"data:{kind}/{mime};base64,{b64}", data, {"bytes": data, "path": None},
-             {"bytes": None, "path": str(path)}]
-    return [message_media(bind_media({kind: form, "prompt": user({"type": kind}, TEXT)}, tmp_path, policy)["prompt"])[0]
-            for form in forms]
+    forms = [
+        f"media/a.{mime}",
+        str(path),
+        b64,
+        f"data:{kind}/{mime};base64,{b64}",
+        data,
+        {"bytes": data, "path": None},
+        {"bytes": None, "path": str(path)},
+    ]
+    return [
+        message_media(bind_media({kind: form, "prompt": user({"type": kind}, TEXT)}, tmp_path, policy)["prompt"])[0]
+        for form in forms
+    ]
 
 
 def test_images_come_as_paths_base64_data_uris_bytes_and_datasets_dicts_alike(tmp_path, policy):
@@ -75,8 +86,12 @@ def test_images_come_as_paths_base64_data_uris_bytes_and_datasets_dicts_alike(tm
 
 
 def test_a_completion_after_an_explicit_prompt_numbers_its_image_parts_after_the_prompts(policy):
-    record = {"images": [png(56, 56, 1), png(56, 56, 2)], "prompt": user(IMAGE, TEXT),
-              "chosen": [{"role": "assistant", "content": "x"}, *user(IMAGE)], "rejected": "y"}
+    record = {
+        "images": [png(56, 56, 1), png(56, 56, 2)],
+        "prompt": user(IMAGE, TEXT),
+        "chosen": [{"role": "assistant", "content": "x"}, *user(IMAGE)],
+        "rejected": "y",
+    }
     bound = bind_media(record, None, policy)
     first, second = message_media(bound["prompt"])[0], message_media(bound["chosen"])[0]
     assert not np.array_equal(first, second)
@@ -84,14 +99,17 @@ def test_a_completion_after_an_explicit_prompt_numbers_its_image_parts_after_the
         bind_media({**record, "chosen": "x"}, None, policy)
 
 
-@pytest.mark.parametrize("images, parts, reason", [
-    (["no/such.png"], [IMAGE], "image 0: no such file"),
-    ([base64.b64encode(b"not an image").decode()], [IMAGE], "image 0: not a decodable image"),
-    ([png(56, 56), png(56, 56)], [IMAGE], "1 image part.*for 2 image"),
-    ([png(56, 56)], [IMAGE, IMAGE], "more image parts"),
-    ([png(10, 2500)], [IMAGE], "image 0: 10x2500.*aspect ratio"),
-    ("a.png", [IMAGE], "field 'images' must be a list"),
-])
+@pytest.mark.parametrize(
+    "images, parts, reason",
+    [
+        (["no/such.png"], [IMAGE], "image 0: no such file"),
+        ([base64.b64encode(b"not an image").decode()], [IMAGE], "image 0: not a decodable image"),
+        ([png(56, 56), png(56, 56)], [IMAGE], "1 image part.*for 2 image"),
+        ([png(56, 56)], [IMAGE, IMAGE], "more image parts"),
+        ([png(10, 2500)], [IMAGE], "image 0: 10x2500.*aspect ratio"),
+        ("a.png", [IMAGE], "field 'images' must be a list"),
+    ],
+)
 def test_bad_images_are_refused_with_their_reason(tmp_path, policy, images, parts, reason):
     with pytest.raises(ValueError, match=reason):
         bind_media({"images": images, "messages": user(*parts)}, tmp_path, policy)
@@ -126,11 +144,16 @@ def write(path, records) -> str:
     return path
 
 
-def test_sft_records_with_images_train_on_the_answer_only_and_bad_ones_are_reported_by_line(tmp_path, tokenizer, policy):
+def test_sft_records_with_images_train_on_the_answer_only_and_bad_ones_are_reported_by_line(
+    tmp_path, tokenizer, policy
+):
     good = sft_records(square_images(3, seed=0), wrong_share=0.0, seed=0)
     bad = [{**good[0], "images": ["missing.png"]}, {**good[0], "images": []}]
     examples, report = load_sft_examples(write(tmp_path / "sft.jsonl", good + bad), tokenizer, 128, strict=False)
-    assert report.kept == 3 and [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(4, "image 0"), (5, "more image parts ({\"type\"")]
+    assert report.kept == 3 and [(p.line, p.reason.split(":")[0]) for p in report.problems] == [
+        (4, "image 0"),
+        (5, 'more image parts ({"type"'),
+    ]
     for example in examples:
         ids, mask = example.input_ids, example.target_mask
         image_positions = [i for i, t in enumerate(ids) if t == policy.token_id]
@@ -149,8 +172,9 @@ def test_truncation_that_would_cut_image_tokens_refuses_the_record(tmp_path, tok
 
 
 def test_chosen_and_rejected_rows_share_the_prompts_image(tmp_path, tokenizer):
-    pairs, _ = load_preference_examples(write(tmp_path / "pref.jsonl", preference_records(square_images(2, 0), 0)),
-                                        tokenizer, 128, strict=True)
+    pairs, _ = load_preference_examples(
+        write(tmp_path / "pref.jsonl", preference_records(square_images(2, 0), 0)), tokenizer, 128, strict=True
+    )
     batch = collate_pairs(pairs, tokenizer.pad_token_id)
     assert batch["media_counts"].tolist() == [1, 1, 1, 1]
     images = batch["media"]  # rows: chosen 0, chosen 1, rejected 0, rejected 1
@@ -158,9 +182,16 @@ def test_chosen_and_rejected_rows_share_the_prompts_image(tmp_path, tokenizer):
 
 
 def test_the_model_reads_a_rows_image_tokens_as_images_and_a_sampled_placeholder_after_them_as_text(
-        tmp_path, tiny_vl_model_dir, tokenizer, policy):
-    prompts, _ = load_prompts(write(tmp_path / "rl.jsonl", [
-        {"images": [base64.b64encode(png(56, 84)).decode()], "prompt": user(IMAGE, TEXT)}]), tokenizer, 64, strict=True)
+    tmp_path, tiny_vl_model_dir, tokenizer, policy
+):
+    prompts, _ = load_prompts(
+        write(
+            tmp_path / "rl.jsonl", [{"images": [base64.b64encode(png(56, 84)).decode()], "prompt": user(IMAGE, TEXT)}]
+        ),
+        tokenizer,
+        64,
+        strict=True,
+    )
     prompt = prompts[0]
     from oxrl_core.data.sft import SFTExample
 
@@ -195,19 +226,34 @@ def audio_policy(tiny_audio_model_dir):
     return media_policy(str(tiny_audio_model_dir))
 
 
-@pytest.mark.parametrize("family, kind", [("tiny_vl_model_dir", "image"), ("tiny_qwen3_vl_model_dir", "image"),
-                                          ("tiny_smolvlm_model_dir", "image"), ("tiny_audio_model_dir", "audio")])
+@pytest.mark.parametrize(
+    "family, kind",
+    [
+        ("tiny_vl_model_dir", "image"),
+        ("tiny_qwen3_vl_model_dir", "image"),
+        ("tiny_smolvlm_model_dir", "image"),
+        ("tiny_audio_model_dir", "audio"),
+    ],
+)
 def test_each_family_reads_the_ids_and_encoder_inputs_its_own_processor_makes_from_the_rendered_conversation(
-        request, tmp_path, family, kind):
+    request, tmp_path, family, kind
+):
     """What the trainer reads of a record (its ids: placeholders expanded per item; its encoder inputs) is what the
     model's own processor makes of the rendered conversation and the item: Qwen-VL's image tokens, Idefics3's tiles
     with their row and column tokens, Qwen2-Audio's audio tokens and mel features."""
     from oxrl_core.data.sft import tokenize_sft
 
     folder = str(request.getfixturevalue(family))
-    tokenizer, policy, processor = AutoTokenizer.from_pretrained(folder), media_policy(folder), AutoProcessor.from_pretrained(folder)
+    tokenizer, policy, processor = (
+        AutoTokenizer.from_pretrained(folder),
+        media_policy(folder),
+        AutoProcessor.from_pretrained(folder),
+    )
     items = [png(70, 50), png(56, 56, 1)] if kind == "image" else [wav(0.7), wav(1.3, 22050, 2, 880.0)]
-    messages = [{"role": "user", "content": [{"type": kind}, TEXT, {"type": kind}]}, {"role": "assistant", "content": "3"}]
+    messages = [
+        {"role": "user", "content": [{"type": kind}, TEXT, {"type": kind}]},
+        {"role": "assistant", "content": "3"},
+    ]
     bound = bind_media({f"{kind}s": items, "messages": messages}, tmp_path, policy)
     example = tokenize_sft(bound["messages"], tokenizer, 1024)
     media = list(example.media)
@@ -224,10 +270,13 @@ def test_each_family_reads_the_ids_and_encoder_inputs_its_own_processor_makes_fr
         elif name in own:
             assert torch.equal(value.reshape(own[name].shape), own[name]), name
     assert collapse_media_tokens(example.input_ids, tuple(media), policy) == tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=False)
+        messages, tokenize=True, return_dict=False
+    )
 
 
-def test_audio_comes_as_paths_base64_data_urls_bytes_and_datasets_dicts_alike_resampled_and_capped(tmp_path, audio_policy):
+def test_audio_comes_as_paths_base64_data_urls_bytes_and_datasets_dicts_alike_resampled_and_capped(
+    tmp_path, audio_policy
+):
     clips = bound_forms(tmp_path, wav(0.5, rate=8000), "audio", "wav", audio_policy)
     assert all(c.dtype == np.float32 and c.shape == (8000,) and np.array_equal(c, clips[0]) for c in clips)  # 16 kHz
     # a 440 Hz tone stays a 440 Hz tone: its spectrum peaks there
@@ -240,8 +289,22 @@ def absurd_wav(rate: int = 8000, channels: int = 1, data_bytes: int = 2**32 - 1)
     """A WAV header promising `data_bytes` of samples (4 GB: hours), followed by 100 of them."""
     import struct
 
-    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", (36 + data_bytes) & 0xFFFFFFFF, b"WAVE", b"fmt ", 16, 1,
-                         channels, rate, (rate * channels * 2) & 0xFFFFFFFF, channels * 2, 16, b"data", data_bytes)
+    header = struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        (36 + data_bytes) & 0xFFFFFFFF,
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        channels,
+        rate,
+        (rate * channels * 2) & 0xFFFFFFFF,
+        channels * 2,
+        16,
+        b"data",
+        data_bytes,
+    )
     return header + bytes(200)
 
 
@@ -254,15 +317,35 @@ def test_bad_audio_is_reported_by_file_and_line_and_skipped_with_memory_bounded(
     tokenizer = AutoTokenizer.from_pretrained(tiny_audio_model_dir)
     (tmp_path / "empty.wav").write_bytes(b"")
     (tmp_path / "folder.wav").mkdir()  # a path that is there but cannot be read as a file
-    clips = [wav(0.5), "missing.wav", "empty.wav", wav(1.0)[:30], base64.b64encode(b"RIFF not a wave at all").decode(),
-             absurd_wav(), absurd_wav(rate=4_000_000_000), absurd_wav(channels=4000), "folder.wav", wav(0.8)]
-    records = [{"audios": [clip], "messages": user(AUDIO, TEXT) + [{"role": "assistant", "content": "1"}]}
-               for clip in clips]
+    clips = [
+        wav(0.5),
+        "missing.wav",
+        "empty.wav",
+        wav(1.0)[:30],
+        base64.b64encode(b"RIFF not a wave at all").decode(),
+        absurd_wav(),
+        absurd_wav(rate=4_000_000_000),
+        absurd_wav(channels=4000),
+        "folder.wav",
+        wav(0.8),
+    ]
+    records = [
+        {"audios": [clip], "messages": user(AUDIO, TEXT) + [{"role": "assistant", "content": "1"}]} for clip in clips
+    ]
     tracemalloc.start()
     try:
-        examples, report = load_sft_examples(write(tmp_path / "clips.jsonl", [
-            {**r, "audios": [base64.b64encode(c).decode() if isinstance(c, bytes) else c]} for r, c in zip(records, clips)]),
-            tokenizer, 1024, strict=False)
+        examples, report = load_sft_examples(
+            write(
+                tmp_path / "clips.jsonl",
+                [
+                    {**r, "audios": [base64.b64encode(c).decode() if isinstance(c, bytes) else c]}
+                    for r, c in zip(records, clips)
+                ],
+            ),
+            tokenizer,
+            1024,
+            strict=False,
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

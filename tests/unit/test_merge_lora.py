@@ -8,8 +8,17 @@ import pytest
 import torch
 from peft import LoraConfig, LoraModel, PeftModel, get_peft_model
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
-                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.merge import merge_adapter
@@ -60,7 +69,9 @@ def logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits.float()
 
 
-def test_merged_folder_has_the_bases_tensor_names_in_shards_and_gives_the_adapter_applied_logits(tiny_model_dir, adapter, tmp_path):
+def test_merged_folder_has_the_bases_tensor_names_in_shards_and_gives_the_adapter_applied_logits(
+    tiny_model_dir, adapter, tmp_path
+):
     out = tmp_path / "merged"
     out.mkdir()  # an empty folder is a fine destination
     report = merge_adapter(adapter, out, max_shard_size="200KB")
@@ -74,9 +85,15 @@ def test_merged_folder_has_the_bases_tensor_names_in_shards_and_gives_the_adapte
     assert merged_state.keys() == load_file(tiny_model_dir / "model.safetensors").keys()  # plain names, no tensor lost
 
     tokenizer = AutoTokenizer.from_pretrained(out)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]
-    assert ids == AutoTokenizer.from_pretrained(tiny_model_dir).apply_chat_template(
-        [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)["input_ids"]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True)[
+        "input_ids"
+    ]
+    assert (
+        ids
+        == AutoTokenizer.from_pretrained(tiny_model_dir).apply_chat_template(
+            [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True
+        )["input_ids"]
+    )
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     base_logits = logits(base, ids)
     applied = logits(PeftModel.from_pretrained(base, adapter).eval(), ids)
@@ -93,8 +110,13 @@ def test_merged_weight_is_w_plus_alpha_over_r_times_b_a(tiny_model_dir, adapter,
     lora_b = a[f"base_model.model.{name}.lora_B.weight"].double()  # [out, r]
     w = load_file(tiny_model_dir / "model.safetensors")[f"{name}.weight"].double()  # [out, in]
     merged = load_file(tmp_path / "merged" / "model.safetensors")[f"{name}.weight"]
-    expected = [[w[i, j].item() + ALPHA / R * sum(lora_b[i, k].item() * lora_a[k, j].item() for k in range(R))
-                 for j in range(0, w.shape[1], 17)] for i in range(0, w.shape[0], 23)]
+    expected = [
+        [
+            w[i, j].item() + ALPHA / R * sum(lora_b[i, k].item() * lora_a[k, j].item() for k in range(R))
+            for j in range(0, w.shape[1], 17)
+        ]
+        for i in range(0, w.shape[0], 23)
+    ]
     assert torch.allclose(merged[::23, ::17].double(), torch.tensor(expected, dtype=torch.float64), atol=1e-6)
 
 
@@ -110,7 +132,9 @@ def test_the_tokenizer_in_the_adapter_folder_wins_over_the_bases(tiny_model_dir,
     own = tmp_path / "with-tokenizer"
     shutil.copytree(adapter, own)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # as oxrl saves a run's tokenizer: beside the adapter
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # as oxrl saves a run's tokenizer: beside the adapter
+    )
     tokenizer.save_pretrained(own)
     report = merge_adapter(own, tmp_path / "merged")
     assert report.tokenizer_from == str(own)
@@ -118,7 +142,9 @@ def test_the_tokenizer_in_the_adapter_folder_wins_over_the_bases(tiny_model_dir,
 
 
 def test_a_seq_cls_adapter_merges_into_a_sequence_classifier(tiny_model_dir, tmp_path):
-    rm_adapter = save_adapter(tiny_model_dir, tmp_path / "rm-lora", task_type="SEQ_CLS")  # as `--alg rm` with LoRA saves
+    rm_adapter = save_adapter(
+        tiny_model_dir, tmp_path / "rm-lora", task_type="SEQ_CLS"
+    )  # as `--alg rm` with LoRA saves
     report = merge_adapter(rm_adapter, tmp_path / "merged")
     assert report.task_type == "SEQ_CLS" and report.max_logit_diff <= 1e-4
     base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1, dtype=torch.float32)
@@ -132,7 +158,9 @@ def test_a_seq_cls_adapter_merges_into_a_sequence_classifier(tiny_model_dir, tmp
 def test_a_wrong_merge_is_refused_and_leaves_nothing_behind(adapter, tmp_path, monkeypatch):
     # unload() drops the adapter without merging it: the logits check must catch that
     monkeypatch.setattr(LoraModel, "merge_and_unload", lambda self: self.unload())
-    with pytest.raises(OxrlError, match=r"merged logits differ from the adapter-applied ones by .* > --atol 0.0001; nothing written"):
+    with pytest.raises(
+        OxrlError, match=r"merged logits differ from the adapter-applied ones by .* > --atol 0.0001; nothing written"
+    ):
         merge_adapter(adapter, tmp_path / "merged")
     assert list(tmp_path.iterdir()) == []
     assert merge_adapter(adapter, tmp_path / "unchecked", check=False).max_logit_diff is None  # --no-check skips it
@@ -140,21 +168,37 @@ def test_a_wrong_merge_is_refused_and_leaves_nothing_behind(adapter, tmp_path, m
 
 WRONG_BASES = {
     # another hidden size: the adapter's tensors do not fit; the error names one and both shapes
-    "qwen2-hidden64": (Qwen2Config, Qwen2ForCausalLM, {"hidden_size": 64, "num_attention_heads": 1},
-                       r"adapter tensor base_model\.model\.model\.layers\.\d\.\S+\.lora_A\.weight has shape \[8, 128\], "
-                       r"base .*qwen2-hidden64 \(model_type 'qwen2'\) needs \[8, 64\]"),
+    "qwen2-hidden64": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        {"hidden_size": 64, "num_attention_heads": 1},
+        r"adapter tensor base_model\.model\.model\.layers\.\d\.\S+\.lora_A\.weight has shape \[8, 128\], "
+        r"base .*qwen2-hidden64 \(model_type 'qwen2'\) needs \[8, 64\]",
+    ),
     # a Llama of the tiny model's sizes has the same module names and shapes: only the recorded base can tell
-    "llama": (LlamaConfig, LlamaForCausalLM, {"hidden_size": 128, "num_attention_heads": 2},
-              r"--base .*llama: model_type 'llama' \['LlamaForCausalLM'\], but .* was trained on "
-              r".*: model_type 'qwen2' \['Qwen2ForCausalLM'\]"),
+    "llama": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        {"hidden_size": 128, "num_attention_heads": 2},
+        r"--base .*llama: model_type 'llama' \['LlamaForCausalLM'\], but .* was trained on "
+        r".*: model_type 'qwen2' \['Qwen2ForCausalLM'\]",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", WRONG_BASES)
-def test_a_base_of_another_size_or_model_type_is_refused_and_nothing_is_written(name, tiny_model_dir, adapter, tmp_path):
+def test_a_base_of_another_size_or_model_type_is_refused_and_nothing_is_written(
+    name, tiny_model_dir, adapter, tmp_path
+):
     config_class, model_class, sizes, message = WRONG_BASES[name]
-    config = config_class(vocab_size=len(AutoTokenizer.from_pretrained(tiny_model_dir)), num_hidden_layers=2, num_key_value_heads=1,
-                          intermediate_size=256, tie_word_embeddings=True, **sizes)
+    config = config_class(
+        vocab_size=len(AutoTokenizer.from_pretrained(tiny_model_dir)),
+        num_hidden_layers=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
+        tie_word_embeddings=True,
+        **sizes,
+    )
     wrong = save_base(model_class(config), tiny_model_dir, tmp_path / name)
     with pytest.raises(OxrlError, match=message):
         merge_adapter(adapter, tmp_path / "merged", base=wrong)
@@ -163,14 +207,23 @@ def test_a_base_of_another_size_or_model_type_is_refused_and_nothing_is_written(
 
 def test_without_the_recorded_base_a_base_lacking_the_target_modules_is_refused(tiny_model_dir, adapter, tmp_path):
     moved = with_recorded_base(adapter, tmp_path / "moved", "/no/such/base")
-    with pytest.raises(OxrlError, match=r"base_model_name_or_path \(pass --base to use another\): .*'/no/such/base': no such folder"):
+    with pytest.raises(
+        OxrlError, match=r"base_model_name_or_path \(pass --base to use another\): .*'/no/such/base': no such folder"
+    ):
         merge_adapter(moved, tmp_path / "merged")
     config = GPT2Config(vocab_size=len(AutoTokenizer.from_pretrained(tiny_model_dir)), n_embd=128, n_layer=2, n_head=2)
-    gpt2 = save_base(GPT2LMHeadModel(config), tiny_model_dir, tmp_path / "gpt2")  # c_attn, c_fc: no q_proj, v_proj, up_proj
-    with pytest.raises(OxrlError, match=r"its target modules \['q_proj', 'up_proj', 'v_proj'\] do not fit base .*gpt2 "
-                                        r"\(model_type 'gpt2'\)"):
+    gpt2 = save_base(
+        GPT2LMHeadModel(config), tiny_model_dir, tmp_path / "gpt2"
+    )  # c_attn, c_fc: no q_proj, v_proj, up_proj
+    with pytest.raises(
+        OxrlError,
+        match=r"its target modules \['q_proj', 'up_proj', 'v_proj'\] do not fit base .*gpt2 "
+        r"\(model_type 'gpt2'\)",
+    ):
         merge_adapter(moved, tmp_path / "merged", base=gpt2)
-    assert merge_adapter(moved, tmp_path / "merged", base=str(tiny_model_dir)).max_logit_diff <= 1e-4  # the right one is taken
+    assert (
+        merge_adapter(moved, tmp_path / "merged", base=str(tiny_model_dir)).max_logit_diff <= 1e-4
+    )  # the right one is taken
 
 
 def test_folders_that_are_not_adapters_and_an_occupied_out_are_refused(tiny_model_dir, adapter, tmp_path):
@@ -192,7 +245,9 @@ def test_folders_that_are_not_adapters_and_an_occupied_out_are_refused(tiny_mode
 
 
 def test_console_script_merges_with_the_given_base_and_dtype_and_reports_it(oxrl, tiny_model_dir, adapter, tmp_path):
-    result = oxrl("merge-lora", adapter, "--out", tmp_path / "merged", "--base", tiny_model_dir, "--dtype", "bfloat16", env=WIDE)
+    result = oxrl(
+        "merge-lora", adapter, "--out", tmp_path / "merged", "--base", tiny_model_dir, "--dtype", "bfloat16", env=WIDE
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "CAUSAL_LM, 6 LoRA layers" in result.stdout and "max |merged - adapter-applied| logit" in result.stdout
     assert "bfloat16" in result.stdout and "model.safetensors" in result.stdout

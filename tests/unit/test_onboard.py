@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 from safetensors import safe_open
-from transformers import (AutoTokenizer, DiffLlamaConfig, Gemma2Config, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
-                          Qwen2VLConfig)
+from transformers import (
+    AutoTokenizer,
+    DiffLlamaConfig,
+    Gemma2Config,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen2VLConfig,
+)
 
 from oxrl_core.errors import OxrlError
 from oxrl_core.model_registry.configs import write_configs
@@ -17,8 +24,14 @@ from oxrl_core.model_registry.scout import recommend_mode, scout
 from oxrl_core.resolve.run import resolve_run
 
 REPO = Path(__file__).resolve().parents[2]
-TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            max_position_embeddings=256)
+TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=256,
+)
 LANGUAGE_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -30,7 +43,9 @@ def make_model(tmp_path, tiny_model_dir):
     def make(name: str, config_class, template: bool = True, eos: bool = True, **fields) -> Path:
         folder = tmp_path / name
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-        ids = dict(vocab_size=512, bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        ids = dict(
+            vocab_size=512, bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
         if "text_config" in fields:  # a multimodal config: the ids belong to its language model
             fields["text_config"] = {**ids, **fields["text_config"]}
         config_class(**ids, **fields).save_pretrained(folder)
@@ -45,20 +60,32 @@ def make_model(tmp_path, tiny_model_dir):
     return make
 
 
-@pytest.mark.parametrize("config_class, architecture, extra", [
-    (Qwen2Config, "Qwen2ForCausalLM", {}),
-    (LlamaConfig, "LlamaForCausalLM", {}),
-    (Gemma2Config, "Gemma2ForCausalLM", {"head_dim": 32}),
-])
+@pytest.mark.parametrize(
+    "config_class, architecture, extra",
+    [
+        (Qwen2Config, "Qwen2ForCausalLM", {}),
+        (LlamaConfig, "LlamaForCausalLM", {}),
+        (Gemma2Config, "Gemma2ForCausalLM", {"head_dim": 32}),
+    ],
+)
 def test_causal_lms_get_their_facts_a_rendered_template_and_no_findings(make_model, config_class, architecture, extra):
     report = scout(str(make_model("m", config_class, architectures=[architecture], **TEXT, **extra)))
     e = report.entry
-    assert (e.architecture, e.model_class, e.context_length, e.vocab_size, e.dtype) == (architecture, "causal-lm", 256, 512, "float32")
+    assert (e.architecture, e.model_class, e.context_length, e.vocab_size, e.dtype) == (
+        architecture,
+        "causal-lm",
+        256,
+        512,
+        "float32",
+    )
     assert e.active_params is None and e.chat_template and e.oxrl_trainable and report.vllm_supported
     assert e.lora_targets == LANGUAGE_LINEAR
     assert report.findings == []
     assert report.special_tokens["eos"] == "<|im_end|>"
-    assert report.rendered_chat == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n<answer>5</answer><|im_end|>\n"
+    assert (
+        report.rendered_chat
+        == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n<answer>5</answer><|im_end|>\n"
+    )
 
 
 def test_parameter_count_equals_the_tensors_in_the_saved_weights(tiny_model_dir):
@@ -73,13 +100,24 @@ def test_moe_active_parameters_leave_out_the_unrouted_experts(make_model):
     # per layer and expert: gate and up (2 x 32 x 64) and down (64 x 32); a token uses 1 expert of 4
     expert = 2 * 32 * 64 + 64 * 32
     assert e.active_params == e.params - 2 * 3 * expert
-    assert e.lora_targets == LANGUAGE_LINEAR  # the shared expert's projections; not the router or the shared-expert gate
+    assert (
+        e.lora_targets == LANGUAGE_LINEAR
+    )  # the shared expert's projections; not the router or the shared-expert gate
 
 
 def test_qwen2_vl_counts_its_vision_tower_targets_only_language_layers_and_trains(make_model):
     vision = dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)
-    report = scout(str(make_model("vl", Qwen2VLConfig, architectures=["Qwen2VLForConditionalGeneration"],
-                                  text_config=TEXT, vision_config=vision)))
+    report = scout(
+        str(
+            make_model(
+                "vl",
+                Qwen2VLConfig,
+                architectures=["Qwen2VLForConditionalGeneration"],
+                text_config=TEXT,
+                vision_config=vision,
+            )
+        )
+    )
     text_only = scout(str(make_model("text", Qwen2Config, architectures=["Qwen2ForCausalLM"], **TEXT))).entry
     e = report.entry
     assert e.model_class == "image-text-to-text" and report.vllm_supported and e.vocab_size == 512
@@ -89,10 +127,17 @@ def test_qwen2_vl_counts_its_vision_tower_targets_only_language_layers_and_train
 
 
 def test_architecture_vllm_does_not_run_is_a_warning(make_model):
-    report = scout(str(make_model("diff", DiffLlamaConfig, architectures=["DiffLlamaForCausalLM"], **{**TEXT, "num_key_value_heads": 2})))
+    report = scout(
+        str(
+            make_model(
+                "diff", DiffLlamaConfig, architectures=["DiffLlamaForCausalLM"], **{**TEXT, "num_key_value_heads": 2}
+            )
+        )
+    )
     assert not report.vllm_supported and report.stops == []
     assert [f.text for f in report.findings] == [
-        f"vLLM {report.vllm_version} does not support DiffLlamaForCausalLM: RL rollouts need it (SFT works without)"]
+        f"vLLM {report.vllm_version} does not support DiffLlamaForCausalLM: RL rollouts need it (SFT works without)"
+    ]
 
 
 def test_no_chat_template_stops_with_the_reason(make_model):
@@ -113,7 +158,8 @@ def test_tokenizer_eos_that_generation_does_not_stop_on_is_a_mismatch_warning(ma
     assert report.special_tokens["eos"] == "<|endoftext|>" and report.stops == []
     assert [f.text for f in report.findings] == [
         "EOS mismatch: the tokenizer's EOS '<|endoftext|>' (id 0) is not among the ids generation stops on, [2] "
-        "(generation_config.json, else config.json)"]
+        "(generation_config.json, else config.json)"
+    ]
 
 
 def test_tokenizer_larger_than_the_embedding_stops(make_model):
@@ -130,15 +176,21 @@ def test_malformed_config_is_a_clear_error(tmp_path):
 
 
 def test_unknown_architecture_is_a_clear_error_that_mentions_trust_remote_code(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NotARealForCausalLM"], "model_type": "not_a_real_model"}))
-    with pytest.raises(OxrlError, match=r"transformers cannot build this model \(.*not_a_real_model.*pass --trust-remote-code"):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["NotARealForCausalLM"], "model_type": "not_a_real_model"})
+    )
+    with pytest.raises(
+        OxrlError, match=r"transformers cannot build this model \(.*not_a_real_model.*pass --trust-remote-code"
+    ):
         scout(str(tmp_path))
 
 
 def test_folder_without_config_and_uncached_hub_id_are_clear_errors(tmp_path):
     with pytest.raises(OxrlError, match="folder has no config.json"):
         scout(str(tmp_path))
-    with pytest.raises(OxrlError, match=r"not-an-org/not-cached: not in the Hugging Face cache, and the Hub cannot be reached"):
+    with pytest.raises(
+        OxrlError, match=r"not-an-org/not-cached: not in the Hugging Face cache, and the Hub cannot be reached"
+    ):
         scout("not-an-org/not-cached")
 
 
@@ -172,6 +224,7 @@ def test_verified_status_needs_a_date_and_versions(tmp_path):
     fields = yaml.safe_load((REPO / "oxrl_core/model_registry/entries/Qwen--Qwen2.5-0.5B-Instruct.yaml").read_text())
     with pytest.raises(ValueError, match="status verified needs verified_date and verified_versions"):
         RegistryEntry.model_validate({**fields, "status": "verified"})
-    verified = RegistryEntry.model_validate({**fields, "status": "verified", "verified_date": "2026-11-03",
-                                             "verified_versions": {"oxrl": "0.1.0"}})
+    verified = RegistryEntry.model_validate(
+        {**fields, "status": "verified", "verified_date": "2026-11-03", "verified_versions": {"oxrl": "0.1.0"}}
+    )
     assert load_entry(write_entry(verified, tmp_path)) == verified

@@ -36,8 +36,8 @@ def test_unpack_puts_each_prediction_back_and_drops_the_ones_across_a_boundary()
     out = unpack(values, unpacking(attention_mask))  # [B, T-1]
     starts = [0, 5, 14, 15]
     for b, (start, length) in enumerate(zip(starts, LENGTHS)):
-        assert out[b, :length - 1].tolist() == [start + t + 1.0 for t in range(length - 1)]
-        assert (out[b, length - 1:] == 0).all()  # padding, and nothing from the next sequence
+        assert out[b, : length - 1].tolist() == [start + t + 1.0 for t in range(length - 1)]
+        assert (out[b, length - 1 :] == 0).all()  # padding, and nothing from the next sequence
 
 
 def test_unpack_keeps_trailing_dimensions():
@@ -50,9 +50,17 @@ def test_unpack_keeps_trailing_dimensions():
 def models():
     """The same small Qwen2 (grouped-query attention: 4 query heads, 2 key/value heads) with padded SDPA attention
     and with the packed attention."""
+
     def config() -> Qwen2Config:  # one each: a model keeps its attention choice in its config
-        return Qwen2Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+        return Qwen2Config(
+            vocab_size=50,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
 
     torch.manual_seed(0)
     padded = Qwen2ForCausalLM._from_config(config(), attn_implementation="sdpa", dtype=torch.float32)

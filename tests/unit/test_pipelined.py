@@ -21,11 +21,17 @@ from oxrl_core.resolve.run import resolved
 from oxrl_core.rollout.records import Rollout
 
 
-@pytest.mark.parametrize("alg, overrides, correction", [("cispo", [], "token-truncate"),
-                                                       ("cispo", ["train.cispo.sampler_correction=none"], "none"),
-                                                       ("rloo", [], "sequence-truncate")])  # the algorithm's own
-def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_says_otherwise(tmp_path, alg, overrides,
-                                                                                           correction):
+@pytest.mark.parametrize(
+    "alg, overrides, correction",
+    [
+        ("cispo", [], "token-truncate"),
+        ("cispo", ["train.cispo.sampler_correction=none"], "none"),
+        ("rloo", [], "sequence-truncate"),
+    ],
+)  # the algorithm's own
+def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_says_otherwise(
+    tmp_path, alg, overrides, correction
+):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
     base = [f"train.alg={alg}", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}"]
@@ -40,16 +46,34 @@ def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_say
 def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_media():
     image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     prompt_sets = [[SimpleNamespace(media=())], [SimpleNamespace(media=()), SimpleNamespace(media=(image,))]]
-    rollouts = [Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, media=(image,)),
-                Rollout(1, [1], [5], [-1 / 3], "length", 4, reward=-1.0, policy_mask=[1], env_reward=0.5)]
+    rollouts = [
+        Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, media=(image,)),
+        Rollout(1, [1], [5], [-1 / 3], "length", 4, reward=-1.0, policy_mask=[1], env_reward=0.5),
+    ]
     batch = SampledBatch(rollouts, [(1, 1), (0, 0)], 4, {"generated_tokens": 3}, {"generate": 1.5})
     back = SampledBatch.from_state(json.loads(json.dumps(batch.state())), prompt_sets)
     assert back.prompts == batch.prompts and back.policy_version == 4
     assert back.metrics == batch.metrics and back.seconds == batch.seconds
     for a, b in zip(back.rollouts, rollouts):
-        assert (a.group, a.prompt_ids, a.response_ids, a.finish_reason, a.policy_version, a.reward, a.policy_mask,
-                a.env_reward) == (b.group, b.prompt_ids, b.response_ids, b.finish_reason, b.policy_version, b.reward,
-                                  b.policy_mask, b.env_reward)
+        assert (
+            a.group,
+            a.prompt_ids,
+            a.response_ids,
+            a.finish_reason,
+            a.policy_version,
+            a.reward,
+            a.policy_mask,
+            a.env_reward,
+        ) == (
+            b.group,
+            b.prompt_ids,
+            b.response_ids,
+            b.finish_reason,
+            b.policy_version,
+            b.reward,
+            b.policy_mask,
+            b.env_reward,
+        )
         assert a.sampler_logprobs == b.sampler_logprobs  # floats exactly: JSON keeps every bit of a float
         assert len(a.media) == len(b.media) and all(np.array_equal(x, y) for x, y in zip(a.media, b.media))
 
@@ -57,8 +81,11 @@ def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_wit
 def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
-    config = load_config(SLConfig, None, ["train.alg=rft", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}",
-                                          "rollout.lag=1"])
+    config = load_config(
+        SLConfig,
+        None,
+        ["train.alg=rft", f"data.train=[{{path: {data}}}]", f"run.output_dir={tmp_path}", "rollout.lag=1"],
+    )
     with pytest.raises(OxrlError, match="rollout.lag=1: pipelined sampling is for `oxrl train rl`; --alg rft"):
         resolved(config)
 
@@ -78,8 +105,11 @@ def test_a_supervised_run_refuses_asynchronous_sampling_and_a_lag_with_a_stalene
 
 def test_a_sample_older_than_the_staleness_bound_is_refused_and_one_at_the_bound_is_not():
     check_staleness([0, 2, 1], bound=2)
-    with pytest.raises(StalePolicyError, match=r"sample 1 is 3 policy versions older than the trainer, more than "
-                                               r"rollout.max_staleness=2 \(1 of 3 samples\)"):
+    with pytest.raises(
+        StalePolicyError,
+        match=r"sample 1 is 3 policy versions older than the trainer, more than "
+        r"rollout.max_staleness=2 \(1 of 3 samples\)",
+    ):
         check_staleness([0, 3, 1], bound=2)
 
 
@@ -124,12 +154,16 @@ def test_a_slowed_trainer_trains_no_sample_older_than_the_staleness_bound_while_
     assert ages == [0, 1, 2, 2, 2, 2, 2, 2]
 
 
-@pytest.mark.parametrize("mode, on_gpu, lag, staleness, noted", [
-    ("colocated", True, 1, 0, True), ("colocated", True, 0, 2, True),  # engines and ranks take turns on each GPU
-    ("colocated", True, 0, 0, False),  # strictly on-policy: nothing overlaps
-    ("split", True, 1, 0, False),  # the engines have GPUs of their own
-    ("colocated", False, 1, 0, False),  # CPU: an engine shares its rank's slot, nothing measured there
-])
+@pytest.mark.parametrize(
+    "mode, on_gpu, lag, staleness, noted",
+    [
+        ("colocated", True, 1, 0, True),
+        ("colocated", True, 0, 2, True),  # engines and ranks take turns on each GPU
+        ("colocated", True, 0, 0, False),  # strictly on-policy: nothing overlaps
+        ("split", True, 1, 0, False),  # the engines have GPUs of their own
+        ("colocated", False, 1, 0, False),  # CPU: an engine shares its rank's slot, nothing measured there
+    ],
+)
 def test_a_pipelined_run_is_told_when_its_engines_share_the_trainers_gpus(mode, on_gpu, lag, staleness, noted):
     note = shared_gpus_note(lag, staleness, Placement(mode, on_gpu, train_ranks=2, engines=2, tensor_parallel_size=1))
     assert (note is not None) == noted

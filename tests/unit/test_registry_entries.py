@@ -13,15 +13,38 @@ from oxrl_core.model_registry.scout import HUB_ID, recommend_mode
 ENTRY_FILES = sorted(SHIPPED_DIR.glob("*.yaml"))
 # The models the registry promises.
 PROMISED = {
-    "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
-    "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-7B-Instruct", "Qwen/Qwen2.5-Math-1.5B-Instruct",
-    "Qwen/Qwen2.5-Math-7B-Instruct", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3.5-27B",
-    "Qwen/Qwen3.5-35B-A3B", "google/gemma-2-2b-it", "google/gemma-3-1b-it", "meta-llama/Llama-3.1-8B-Instruct",
-    "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3",
-    "microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4", "HuggingFaceTB/SmolLM2-1.7B-Instruct",
-    "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "Qwen/Qwen2-VL-2B-Instruct",
-    "Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-2B-Instruct",
-    "Qwen/Qwen3-VL-4B-Instruct", "HuggingFaceTB/SmolVLM-Instruct", "Qwen/Qwen2-Audio-7B-Instruct",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-3B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    "Qwen/Qwen2.5-Coder-7B-Instruct",
+    "Qwen/Qwen2.5-Math-1.5B-Instruct",
+    "Qwen/Qwen2.5-Math-7B-Instruct",
+    "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-4B",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3.5-27B",
+    "Qwen/Qwen3.5-35B-A3B",
+    "google/gemma-2-2b-it",
+    "google/gemma-3-1b-it",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.2-1B-Instruct",
+    "meta-llama/Llama-3.2-3B-Instruct",
+    "mistralai/Mistral-7B-Instruct-v0.3",
+    "microsoft/Phi-3.5-mini-instruct",
+    "microsoft/phi-4",
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+    "Qwen/Qwen2-VL-2B-Instruct",
+    "Qwen/Qwen2-VL-7B-Instruct",
+    "Qwen/Qwen2.5-VL-3B-Instruct",
+    "Qwen/Qwen2.5-VL-7B-Instruct",
+    "Qwen/Qwen3-VL-2B-Instruct",
+    "Qwen/Qwen3-VL-4B-Instruct",
+    "HuggingFaceTB/SmolVLM-Instruct",
+    "Qwen/Qwen2-Audio-7B-Instruct",
 }
 
 
@@ -37,7 +60,9 @@ def test_shipped_entry_validates_and_is_named_after_its_hub_id(path: Path):
 def test_shipped_entry_follows_the_full_vs_lora_rule_and_the_trainer_s_model_classes(path: Path):
     entry = load_entry(path)
     assert entry.recommended_mode == recommend_mode(entry.params, entry.gpu_memory_gb)
-    assert entry.oxrl_trainable == (entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or entry.model_type in MEDIA_MODEL_TYPES)
+    assert entry.oxrl_trainable == (
+        entry.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or entry.model_type in MEDIA_MODEL_TYPES
+    )
     assert (entry.active_params is not None) == ("moe" in entry.model_type)
 
 
@@ -47,7 +72,9 @@ def test_registry_ships_every_promised_model():
 
 def test_an_entry_onboarded_here_replaces_the_shipped_one_in_the_listing(tmp_path):
     shipped = load_entry(SHIPPED_DIR / "Qwen--Qwen2.5-0.5B-Instruct.yaml")
-    verified = shipped.model_copy(update={"status": "verified", "verified_date": date(2026, 11, 3), "verified_versions": {"oxrl": "0.1.0"}})
+    verified = shipped.model_copy(
+        update={"status": "verified", "verified_date": date(2026, 11, 3), "verified_versions": {"oxrl": "0.1.0"}}
+    )
     write_entry(verified, tmp_path)
     listed = registry_entries(tmp_path)
     assert len(listed) == len(ENTRY_FILES)
@@ -57,10 +84,12 @@ def test_an_entry_onboarded_here_replaces_the_shipped_one_in_the_listing(tmp_pat
 def test_each_multimodal_entry_names_the_tiny_model_of_its_family_and_that_model_is_of_its_class():
     from oxrl_core.models.tiny import TINY_MODELS
 
-    classes = {"oxrl-tiny-vl": {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"},
-               "oxrl-tiny-qwen3-vl": {"Qwen3VLForConditionalGeneration"},
-               "oxrl-tiny-smolvlm": {"Idefics3ForConditionalGeneration"},
-               "oxrl-tiny-audio": {"Qwen2AudioForConditionalGeneration"}}
+    classes = {
+        "oxrl-tiny-vl": {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"},
+        "oxrl-tiny-qwen3-vl": {"Qwen3VLForConditionalGeneration"},
+        "oxrl-tiny-smolvlm": {"Idefics3ForConditionalGeneration"},
+        "oxrl-tiny-audio": {"Qwen2AudioForConditionalGeneration"},
+    }
     for path in ENTRY_FILES:
         entry = load_entry(path)
         if entry.model_type in MEDIA_MODEL_TYPES:

@@ -9,15 +9,31 @@ from oxrl_core.errors import OxrlError
 from oxrl_core.rewards import resolve_reward, score_samples
 from oxrl_core.rewards.reward_model import RewardModel
 
-SAMPLES = [{"prompt": "What is 2 + 3?", "answer": "5"},
-           {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello, how are you?"}]},
-           {"prompt": [{"role": "user", "content": "What is 17 + 25?"}]}]
-RESPONSES = ["<answer>5</answer>", "I am fine, thank you for asking. The quick brown fox jumps over the lazy dog.", "42"]
+SAMPLES = [
+    {"prompt": "What is 2 + 3?", "answer": "5"},
+    {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Hello, how are you?"},
+        ]
+    },
+    {"prompt": [{"role": "user", "content": "What is 17 + 25?"}]},
+]
+RESPONSES = [
+    "<answer>5</answer>",
+    "I am fine, thank you for asking. The quick brown fox jumps over the lazy dog.",
+    "42",
+]
 # The same conversations written out by hand: the prompt as load_prompts reads it, then the response.
-CONVERSATIONS = [[{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": RESPONSES[0]}],
-                 [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello, how are you?"},
-                  {"role": "assistant", "content": RESPONSES[1]}],
-                 [{"role": "user", "content": "What is 17 + 25?"}, {"role": "assistant", "content": RESPONSES[2]}]]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": RESPONSES[0]}],
+    [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Hello, how are you?"},
+        {"role": "assistant", "content": RESPONSES[1]},
+    ],
+    [{"role": "user", "content": "What is 17 + 25?"}, {"role": "assistant", "content": RESPONSES[2]}],
+]
 
 
 def save_classifier(folder, tiny_model_dir, num_labels=1, pad_token_id=0, chat_template=True):
@@ -129,7 +145,11 @@ def test_a_failing_batch_reward_gives_every_sample_on_error_and_one_error():
     rewards, errors = score_samples(FailingReward(), SCORED, SAMPLES[:1] * 3, on_error=-7.0)
     assert rewards == [-7.0] * 3
     [error] = errors
-    assert "reward model out of memory" in error["error"] and error["response"] == SCORED[0] and error["sample"] == SAMPLES[0]
+    assert (
+        "reward model out of memory" in error["error"]
+        and error["response"] == SCORED[0]
+        and error["sample"] == SAMPLES[0]
+    )
 
 
 def test_a_plain_function_is_scored_per_sample_and_each_failure_reported():

@@ -73,26 +73,32 @@ def test_boxed_extraction_handles_nested_braces():
     assert extract_answer("x \\boxed{\\frac{1}{\\sqrt{2}}} y") == "\\frac{1}{\\sqrt{2}}"
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("She has 1200 + 34 apples.\n#### 1234", 1.0),
-    ("1234 first, then\n#### 7", 0.0),
-    ("The total is 1,234 dollars.", 1.0),
-    ("<answer>1234</answer>", 1.0),
-    ("It costs 1234.0", 1.0),
-    ("The answer is 1233.", 0.0),
-    ("no number here", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("She has 1200 + 34 apples.\n#### 1234", 1.0),
+        ("1234 first, then\n#### 7", 0.0),
+        ("The total is 1,234 dollars.", 1.0),
+        ("<answer>1234</answer>", 1.0),
+        ("It costs 1234.0", 1.0),
+        ("The answer is 1233.", 0.0),
+        ("no number here", 0.0),
+    ],
+)
 def test_gsm8k_reward_compares_final_numbers(response, expected):
     assert gsm8k_reward(response, {"answer": "Some steps... 1200 + 34 = 1234\n#### 1,234"}) == expected
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("<think>2 + 2 is 4</think><answer>4</answer>", 1.0),
-    ("  <think>\nmulti\nline\n</think>\n<answer>4</answer>\n", 1.0),
-    ("<answer>4</answer>", 0.0),
-    ("<think>x</think>", 0.0),
-    ("<think>x</think><answer>4</answer> trailing", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("<think>2 + 2 is 4</think><answer>4</answer>", 1.0),
+        ("  <think>\nmulti\nline\n</think>\n<answer>4</answer>\n", 1.0),
+        ("<answer>4</answer>", 0.0),
+        ("<think>x</think>", 0.0),
+        ("<think>x</think><answer>4</answer> trailing", 0.0),
+    ],
+)
 def test_format_reward(response, expected):
     assert format_reward(response, {}) == expected
 
@@ -113,10 +119,12 @@ def test_code_sandbox_stops_an_infinite_loop_within_its_limit():
 
 def test_code_sandbox_cannot_write_outside_its_directory(tmp_path):
     target = tmp_path / "escaped.txt"
-    for attempt in (f"open({str(target)!r}, 'w').write('x')",
-                    f"import os; os.rename('inside.txt', {str(target)!r})",
-                    f"import pathlib; pathlib.Path({str(target)!r}).write_text('x')",
-                    f"import os; os.system('touch {target}')"):
+    for attempt in (
+        f"open({str(target)!r}, 'w').write('x')",
+        f"import os; os.rename('inside.txt', {str(target)!r})",
+        f"import pathlib; pathlib.Path({str(target)!r}).write_text('x')",
+        f"import os; os.system('touch {target}')",
+    ):
         result = run_sandboxed("open('inside.txt', 'w').write('ok')\n" + attempt)
         assert not result.passed and "sandbox" in result.output, attempt
         assert not target.exists()
@@ -150,7 +158,10 @@ def test_a_reward_function_scores_as_many_samples_at_once_as_it_has_workers_and_
             raise ValueError("no answer")
         return float(len(response))
 
-    responses, samples = ["a", "bb", "ccc", "dddd"], [{"answer": "1"}, {"answer": "bad"}, {"answer": "3"}, {"answer": "4"}]
+    responses, samples = (
+        ["a", "bb", "ccc", "dddd"],
+        [{"answer": "1"}, {"answer": "bad"}, {"answer": "3"}, {"answer": "4"}],
+    )
     with ThreadPoolExecutor(4) as workers:
         rewards, errors = score_samples(waits_for_three_others, responses, samples, on_error=-1.0, workers=workers)
     assert rewards == [1.0, -1.0, 3.0, 4.0]

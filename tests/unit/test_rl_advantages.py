@@ -21,13 +21,20 @@ def step_batches(seed: int, n_prompts: int = 3, per_micro_batch: int = 4):
     mask = torch.zeros(n, 6, dtype=torch.float64)
     for i in range(n):
         start, length = int(torch.randint(0, 2, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g))
-        mask[i, start:start + length] = 1.0
+        mask[i, start : start + length] = 1.0
     old, ref = (-torch.rand(n, 6, generator=g, dtype=torch.float64) for _ in range(2))
     group_ids = torch.arange(n) // G
     cuts = range(0, n, per_micro_batch)
-    return [{"rewards": rewards[c:c + per_micro_batch], "group_ids": group_ids[c:c + per_micro_batch],
-             "response_mask": mask[c:c + per_micro_batch], "old_logprobs": old[c:c + per_micro_batch],
-             "ref_logprobs": ref[c:c + per_micro_batch]} for c in cuts]
+    return [
+        {
+            "rewards": rewards[c : c + per_micro_batch],
+            "group_ids": group_ids[c : c + per_micro_batch],
+            "response_mask": mask[c : c + per_micro_batch],
+            "old_logprobs": old[c : c + per_micro_batch],
+            "ref_logprobs": ref[c : c + per_micro_batch],
+        }
+        for c in cuts
+    ]
 
 
 def whole(batches, key):
@@ -49,8 +56,9 @@ def test_rloo_advantages_take_the_summed_kl_into_the_reward_first(beta):
         others = [shaped[j] for j in range(len(shaped)) if j // G == i // G and j != i]
         expected.append(r - sum(others) / len(others))
     ESTIMATORS["leave-one-out"](batches, SimpleNamespace(kl_coeff=beta))
-    assert torch.allclose(torch.cat([b["advantages"] for b in batches]), torch.tensor(expected, dtype=torch.float64),
-                          rtol=0, atol=1e-12)
+    assert torch.allclose(
+        torch.cat([b["advantages"] for b in batches]), torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 def reinforce_pp_reference(batches, beta: float, gamma: float, baseline: bool) -> list[list[float]]:
@@ -58,19 +66,25 @@ def reinforce_pp_reference(batches, beta: float, gamma: float, baseline: bool) -
     discounted return over the response's tokens; whitened over every response token of the batch."""
     rewards, mask, old, ref = (whole(batches, k) for k in ("rewards", "response_mask", "old_logprobs", "ref_logprobs"))
     if baseline:
-        rewards = [r - sum(rewards[j] for j in range(len(rewards)) if j // G == i // G) / G for i, r in enumerate(rewards)]
+        rewards = [
+            r - sum(rewards[j] for j in range(len(rewards)) if j // G == i // G) / G for i, r in enumerate(rewards)
+        ]
     returns = [[0.0] * len(row) for row in mask]
     for i, row in enumerate(mask):
         positions = [t for t, m in enumerate(row) if m]
         running = 0.0
         for k in reversed(range(len(positions))):
             t = positions[k]
-            running = -beta * (old[i][t] - ref[i][t]) + (rewards[i] if k == len(positions) - 1 else 0.0) + gamma * running
+            running = (
+                -beta * (old[i][t] - ref[i][t]) + (rewards[i] if k == len(positions) - 1 else 0.0) + gamma * running
+            )
             returns[i][t] = running
     flat = [returns[i][t] for i, row in enumerate(mask) for t, m in enumerate(row) if m]
     mean = sum(flat) / len(flat)
     std = math.sqrt(sum((x - mean) ** 2 for x in flat) / len(flat))
-    return [[(returns[i][t] - mean) / (std + 1e-6) if m else 0.0 for t, m in enumerate(row)] for i, row in enumerate(mask)]
+    return [
+        [(returns[i][t] - mean) / (std + 1e-6) if m else 0.0 for t, m in enumerate(row)] for i, row in enumerate(mask)
+    ]
 
 
 @pytest.mark.parametrize("name", ["reinforce++", "reinforce++-baseline"])

@@ -47,8 +47,21 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 def test_sgrpo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
     ref = logp - 0.3
-    loss, _ = sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), ref, clip_low=0.2, clip_high=0.28, kl_coeff=0.05, loss_agg=mode,
-                         num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
+    loss, _ = sgrpo_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        torch.ones_like(mask),
+        ref,
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_coeff=0.05,
+        loss_agg=mode,
+        num_tokens=mask.sum().item(),
+        num_seqs=4,
+        max_tokens=10,
+    )
     per_token = []
     for b in range(4):
         row = []
@@ -66,10 +79,23 @@ def test_sgrpo_matches_the_formula(mode, seed):
 @pytest.mark.parametrize("seed", [0, 3])
 def test_cispo_matches_the_formula(mode, seed):
     logp, old, adv, mask = random_batch(seed)
-    loss, _ = cispo_loss(logp, old, adv, mask, torch.ones_like(mask), clip_low=0.2, clip_high=0.28, loss_agg=mode,
-                         num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
-    per_token = [[-min(max(math.exp(logp[b, t] - old[b, t]), 0.8), 1.28) * adv[b].item() * logp[b, t].item()
-                  for t in range(7)] for b in range(4)]
+    loss, _ = cispo_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        torch.ones_like(mask),
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_agg=mode,
+        num_tokens=mask.sum().item(),
+        num_seqs=4,
+        max_tokens=10,
+    )
+    per_token = [
+        [-min(max(math.exp(logp[b, t] - old[b, t]), 0.8), 1.28) * adv[b].item() * logp[b, t].item() for t in range(7)]
+        for b in range(4)
+    ]
     assert abs(loss.item() - ref_aggregate(per_token, mask.tolist(), mode, 10)) <= TOL
 
 
@@ -82,13 +108,16 @@ def one_token(ratio, advantage):
 KW = dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean", num_tokens=1.0, num_seqs=1.0, max_tokens=1.0)
 
 
-@pytest.mark.parametrize("ratio, advantage, clipped", [
-    (1.5, 1.0, True),    # above 1 + clip_high with a positive advantage: PPO stops pushing up
-    (0.5, -1.0, True),   # below 1 - clip_low with a negative advantage: PPO stops pushing down
-    (1.27, 1.0, False),  # just inside the high boundary
-    (0.81, -1.0, False),  # just inside the low boundary
-    (0.5, 1.0, False),   # below the range but the advantage wants it up: min() keeps the gradient
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, clipped",
+    [
+        (1.5, 1.0, True),  # above 1 + clip_high with a positive advantage: PPO stops pushing up
+        (0.5, -1.0, True),  # below 1 - clip_low with a negative advantage: PPO stops pushing down
+        (1.27, 1.0, False),  # just inside the high boundary
+        (0.81, -1.0, False),  # just inside the low boundary
+        (0.5, 1.0, False),  # below the range but the advantage wants it up: min() keeps the gradient
+    ],
+)
 def test_clip_boundaries_and_cispo_keeps_gradient_where_ppo_has_none(ratio, advantage, clipped):
     logp, old, adv, mask = one_token(ratio, advantage)
     sgrpo_loss(logp, old, adv, mask, torch.ones_like(mask), None, kl_coeff=0.0, **KW)[0].backward()
@@ -105,9 +134,26 @@ def test_ppo_loss_matches_the_formula():
     logp, old, _, mask = random_batch(5)
     g = torch.Generator().manual_seed(9)
     adv, values, old_values, returns, entropy = (torch.randn(4, 7, generator=g, dtype=torch.float64) for _ in range(5))
-    loss, _ = ppo_loss(logp, old, adv, mask, torch.ones_like(mask), values, old_values, returns, entropy.abs(), clip_low=0.2, clip_high=0.2,
-                       value_clip=0.1, vf_coeff=0.5, entropy_coeff=0.01, loss_agg="token-mean",
-                       num_tokens=mask.sum().item(), num_seqs=4, max_tokens=10)
+    loss, _ = ppo_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        torch.ones_like(mask),
+        values,
+        old_values,
+        returns,
+        entropy.abs(),
+        clip_low=0.2,
+        clip_high=0.2,
+        value_clip=0.1,
+        vf_coeff=0.5,
+        entropy_coeff=0.01,
+        loss_agg="token-mean",
+        num_tokens=mask.sum().item(),
+        num_seqs=4,
+        max_tokens=10,
+    )
     total = n = 0.0
     for b in range(4):
         for t in range(7):
@@ -184,10 +230,18 @@ def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
     from oxrl_core.algs.advantages import gae_advantages
 
     g = torch.Generator().manual_seed(3)
-    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.float64)  # last row: masked out
+    mask = torch.tensor(
+        [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.float64
+    )  # last row: masked out
     rewards = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     old, ref, values = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(3))
-    batch = {"response_mask": mask, "rewards": rewards.clone(), "old_logprobs": old, "ref_logprobs": ref, "old_values": values}
+    batch = {
+        "response_mask": mask,
+        "rewards": rewards.clone(),
+        "old_logprobs": old,
+        "ref_logprobs": ref,
+        "old_values": values,
+    }
     train = SimpleNamespace(kl_coeff=0.1, gamma=0.9, lam=0.8, adv_std_norm="batch" if whiten else "none")
     gae_advantages([batch], train)
     expected, returns = [[0.0] * 5 for _ in range(3)], [[0.0] * 5 for _ in range(3)]
@@ -204,6 +258,9 @@ def test_ppo_reward_sits_on_the_last_response_token_less_the_kl_penalty(whiten):
         flat = [expected[b][t] for b in range(3) for t in range(5) if mask[b, t]]
         mean = sum(flat) / len(flat)
         std = math.sqrt(sum((x - mean) ** 2 for x in flat) / len(flat))
-        expected = [[(x - mean) / (std + 1e-6) if mask[b, t] else 0.0 for t, x in enumerate(row)] for b, row in enumerate(expected)]
+        expected = [
+            [(x - mean) / (std + 1e-6) if mask[b, t] else 0.0 for t, x in enumerate(row)]
+            for b, row in enumerate(expected)
+        ]
     assert torch.allclose(batch["advantages"], torch.tensor(expected, dtype=torch.float64), atol=TOL)
     assert torch.allclose(batch["returns"], torch.tensor(returns, dtype=torch.float64), atol=TOL)

@@ -22,7 +22,9 @@ def masked_text(tokenizer, example) -> str:
 
 
 def test_mask_covers_exactly_the_assistant_reply_and_its_end_token(tokenizer):
-    example = tokenize_sft(sft_messages({"prompt": "What is 2 + 3?", "completion": "<answer>5</answer>"}), tokenizer, 128)
+    example = tokenize_sft(
+        sft_messages({"prompt": "What is 2 + 3?", "completion": "<answer>5</answer>"}), tokenizer, 128
+    )
     assert masked_text(tokenizer, example) == "<answer>5</answer><|im_end|>\n"
     assert tokenizer.decode(example.input_ids).startswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>")
 
@@ -41,9 +43,18 @@ def test_multi_turn_masks_every_assistant_turn_and_no_user_turn(tokenizer):
 
 def test_prompt_completion_equals_the_same_conversation(tokenizer):
     a = tokenize_sft(sft_messages({"prompt": "hi", "completion": "hello"}), tokenizer, 64)
-    b = tokenize_sft(sft_messages({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}), tokenizer, 64)
-    conversational = tokenize_sft(sft_messages({"prompt": [{"role": "user", "content": "hi"}],
-                                                "completion": [{"role": "assistant", "content": "hello"}]}), tokenizer, 64)
+    b = tokenize_sft(
+        sft_messages({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
+        tokenizer,
+        64,
+    )
+    conversational = tokenize_sft(
+        sft_messages(
+            {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "hello"}]}
+        ),
+        tokenizer,
+        64,
+    )
     assert a == b == conversational
 
 
@@ -58,7 +69,7 @@ def test_collated_mask_is_prediction_aligned_and_zero_on_padding(tokenizer):
         predicted = [ids[b, t + 1].item() for t in range(mask.shape[1]) if mask[b, t]]
         assert predicted == [tok for tok, m in zip(example.input_ids, example.target_mask) if m]
     n = len(short.input_ids)
-    assert batch["attention_mask"][0, n:].sum() == 0 and mask[0, n - 1:].sum() == 0
+    assert batch["attention_mask"][0, n:].sum() == 0 and mask[0, n - 1 :].sum() == 0
 
 
 def test_prompt_longer_than_max_len_is_an_error_not_an_empty_example(tokenizer):
@@ -85,14 +96,28 @@ def test_bad_records_say_why(record, reason):
 def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path, tokenizer):
     path = tmp_path / "d.jsonl"
     good = json.dumps({"prompt": "a", "completion": "b"}).encode()
-    lines = [good, b"{broken", b"", good, b'{"prompt": "x"}', b"[1, 2]", good,
-             json.dumps({"prompt": "a", "completion": ""}).encode(), b'{"prompt": "caf\xe9"}', good]
+    lines = [
+        good,
+        b"{broken",
+        b"",
+        good,
+        b'{"prompt": "x"}',
+        b"[1, 2]",
+        good,
+        json.dumps({"prompt": "a", "completion": ""}).encode(),
+        b'{"prompt": "caf\xe9"}',
+        good,
+    ]
     path.write_bytes(b"\n".join(lines) + b"\n")
     examples, report = load_sft_examples(path, tokenizer, 64, strict=False)
     assert len(examples) == 4 and report.kept == 4 and report.total == 9  # the blank line is no record
     assert [(p.line, p.reason.split(" (")[0]) for p in report.problems] == [
-        (2, "malformed JSON"), (5, "missing field 'completion'"), (6, "expected a JSON object, got list"),
-        (8, "empty completion"), (9, "not UTF-8 text")]
+        (2, "malformed JSON"),
+        (5, "missing field 'completion'"),
+        (6, "expected a JSON object, got list"),
+        (8, "empty completion"),
+        (9, "not UTF-8 text"),
+    ]
     assert str(report.problems[0]).startswith(f"{path}:2: malformed JSON (Expecting property name")
 
 
@@ -132,8 +157,16 @@ def test_an_empty_file_is_an_error(tmp_path, tokenizer):
 
 
 def test_a_template_that_rejects_or_rewrites_turns_is_a_reason_not_a_crash(tiny_model_dir):
-    messages = sft_messages({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                          {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]})
+    messages = sft_messages(
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "d"},
+            ]
+        }
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(ValueError, match="the chat template rejects this conversation: roles must alternate"):
@@ -141,7 +174,8 @@ def test_a_template_that_rejects_or_rewrites_turns_is_a_reason_not_a_crash(tiny_
     # like templates that drop earlier turns' reasoning: only the last assistant turn keeps its content
     tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] if loop.last or m['role'] != 'assistant' else '' }}\n"
-        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     with pytest.raises(ValueError, match="not prefix-consistent"):
         tokenize_sft(messages, tokenizer, 64)
     tokenizer.chat_template = None
@@ -149,13 +183,21 @@ def test_a_template_that_rejects_or_rewrites_turns_is_a_reason_not_a_crash(tiny_
         tokenize_sft(messages, tokenizer, 64)
 
 
-def test_a_record_with_tools_offers_them_as_an_environment_does_and_trains_the_tool_calls_and_the_answer(tmp_path, tokenizer):
+def test_a_record_with_tools_offers_them_as_an_environment_does_and_trains_the_tool_calls_and_the_answer(
+    tmp_path, tokenizer
+):
     from oxrl_core.envs.calculator import Calculator
 
     call = '<tool_call>{"name": "mul", "arguments": {"a": 12, "b": 3}}</tool_call>'
-    record = {"messages": [{"role": "user", "content": "What is 12 * 3?"}, {"role": "assistant", "content": call},
-                           {"role": "tool", "content": "36"}, {"role": "assistant", "content": "<answer>36</answer>"}],
-              "tools": Calculator.tools}
+    record = {
+        "messages": [
+            {"role": "user", "content": "What is 12 * 3?"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "36"},
+            {"role": "assistant", "content": "<answer>36</answer>"},
+        ],
+        "tools": Calculator.tools,
+    }
     path = tmp_path / "tools.jsonl"
     path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "tools": "add, mul"}) + "\n")
     [example], report = load_sft_examples(path, tokenizer, 256, strict=False)
@@ -163,4 +205,6 @@ def test_a_record_with_tools_offers_them_as_an_environment_does_and_trains_the_t
     # the system message that lists the tools, as an episode's prompt has it, is context
     assert text.startswith("<|im_start|>system\nTools") and "mul(a, b): a * b" in text
     assert masked_text(tokenizer, example) == f"{call}<|im_end|>\n<answer>36</answer><|im_end|>\n"
-    assert [p.line for p in report.problems] == [2] and "field 'tools' must be a list of function specs" in report.problems[0].reason
+    assert [p.line for p in report.problems] == [
+        2
+    ] and "field 'tools' must be a list of function specs" in report.problems[0].reason

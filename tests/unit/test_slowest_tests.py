@@ -15,11 +15,15 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 
 def test_the_slowest_tests_come_first_with_each_file_and_each_parts_total(tmp_path):
     (tmp_path / "run.xml").write_text(JUNIT)
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest_tests.py"), str(tmp_path / "run.xml")],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "slowest_tests.py"), str(tmp_path / "run.xml")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = result.stdout.splitlines()
     assert lines[0] == "4 tests, 183 s in all (summed over workers)"
-    slowest = lines[lines.index("slowest 25:") + 1:lines.index("slowest 25:") + 5]
+    slowest = lines[lines.index("slowest 25:") + 1 : lines.index("slowest 25:") + 5]
     assert [line.split()[0] for line in slowest] == ["120.5", "60.0", "2.0", "0.2"]
     assert slowest[0].endswith("tests.integration.test_rl::test_resume")  # the xdist group left off
     assert slowest[1].endswith("test_two_steps[cispo]  (failure)") and slowest[2].endswith("(skipped)")
@@ -28,6 +32,9 @@ def test_the_slowest_tests_come_first_with_each_file_and_each_parts_total(tmp_pa
 
 
 def test_a_missing_file_says_which_command_writes_it(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest_tests.py"), str(tmp_path / "none.xml")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "slowest_tests.py"), str(tmp_path / "none.xml")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and "`make test-all` writes it" in result.stderr

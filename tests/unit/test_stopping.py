@@ -105,14 +105,21 @@ def test_a_checkpoint_is_named_by_latest_only_once_complete(tmp_path):
     assert '"step": 4' in (tmp_path / "ds" / "step-4" / "oxrl_state.json").read_text()
 
 
-@pytest.mark.parametrize("method, error", [
-    ("save_hf", OSError(errno.ENOSPC, "No space left on device")),
-    ("save_checkpoint", RuntimeError("SafetensorError: I/O error: No space left on device (os error 28)")),
-], ids=["oserror", "in-a-message"])
+@pytest.mark.parametrize(
+    "method, error",
+    [
+        ("save_hf", OSError(errno.ENOSPC, "No space left on device")),
+        ("save_checkpoint", RuntimeError("SafetensorError: I/O error: No space left on device (os error 28)")),
+    ],
+    ids=["oserror", "in-a-message"],
+)
 def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_one(tmp_path, method, error):
     save_checkpoint(FakeGroup(), tmp_path, 1, False, {}, "tok")
-    with pytest.raises(OxrlError, match=r"checkpoint of step 2: no space left .* the last complete checkpoint "
-                                        r"\(step-1\) is intact: free space and rerun with --resume"):
+    with pytest.raises(
+        OxrlError,
+        match=r"checkpoint of step 2: no space left .* the last complete checkpoint "
+        r"\(step-1\) is intact: free space and rerun with --resume",
+    ):
         save_checkpoint(FakeGroup((method, error)), tmp_path, 2, False, {}, "tok")
     assert (tmp_path / "ds" / "latest").read_text() == "step-1"
     assert not (tmp_path / "ds" / "step-2").exists() and not (tmp_path / "checkpoint-000002").exists()
@@ -138,8 +145,11 @@ def test_re_saving_the_step_latest_names_never_deletes_it_on_a_full_disk(tmp_pat
     assert not Path(tmp_path / "final").exists()
 
 
-@pytest.mark.parametrize("method, error", [("save_hf", RuntimeError("ActorDiedError: rank1 died")),
-                                           ("save_checkpoint", KeyboardInterrupt())], ids=["a-rank-died", "second-signal"])
+@pytest.mark.parametrize(
+    "method, error",
+    [("save_hf", RuntimeError("ActorDiedError: rank1 died")), ("save_checkpoint", KeyboardInterrupt())],
+    ids=["a-rank-died", "second-signal"],
+)
 def test_a_checkpoint_stopped_half_way_leaves_no_folder_and_latest_as_it_was(tmp_path, method, error):
     save_checkpoint(FakeGroup(), tmp_path, 1, False, {}, "tok")
     with pytest.raises(type(error)):
@@ -195,9 +205,17 @@ def test_processes_started_shielded_keep_sigterm_pending_while_this_one_receives
 
 
 def test_the_shield_command_runs_a_command_with_sigterm_blocked_or_says_why_it_cannot(tmp_path):
-    shielded = subprocess.run([sys.executable, "-m", "oxrl_core.cluster.shield", "grep", "SigBlk", "/proc/self/status"],
-                              capture_output=True, text=True, timeout=60)
+    shielded = subprocess.run(
+        [sys.executable, "-m", "oxrl_core.cluster.shield", "grep", "SigBlk", "/proc/self/status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shielded.returncode == 0 and int(shielded.stdout.split()[1], 16) >> (signal.SIGTERM - 1) & 1
-    missing = subprocess.run([sys.executable, "-m", "oxrl_core.cluster.shield", "no-such-command-here"],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [sys.executable, "-m", "oxrl_core.cluster.shield", "no-such-command-here"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 1 and "cannot run no-such-command-here: No such file or directory" in missing.stderr

@@ -90,7 +90,9 @@ def test_a_follow_up_goes_to_the_same_engine_and_the_same_requests_give_the_same
 
     calls, finished = run()
     for e, engine_calls in enumerate(calls):
-        follow_ups = [prompt for call in engine_calls for _, prompt in call if prompt]  # each holds what its engine sampled
+        follow_ups = [
+            prompt for call in engine_calls for _, prompt in call if prompt
+        ]  # each holds what its engine sampled
         assert len(follow_ups) == 6 and all(set(prompt) == {e} for prompt in follow_ups)
         assert len(engine_calls) > QUEUED_CALLS
     for _ in range(3):  # whatever order the answers came back in
@@ -127,8 +129,13 @@ def test_each_group_is_scored_while_the_engines_still_sample_the_others():
     pg.sampler = SimpleNamespace(next_batch=lambda count: [(0, i) for i in range(count)], state_dict=dict)
     pg.scoring, pg.drawing = threading.Lock(), threading.Lock()
     pool = SimpleNamespace(requests=requests, stream=lambda reqs, groups: stream.submit(reqs, [0] * len(reqs)))
-    pg.run = SimpleNamespace(pool=pool, score=score, reward_fn=None, position=None,
-                             config=SimpleNamespace(reward=SimpleNamespace(overlong_buffer=0)))
+    pg.run = SimpleNamespace(
+        pool=pool,
+        score=score,
+        reward_fn=None,
+        position=None,
+        config=SimpleNamespace(reward=SimpleNamespace(overlong_buffer=0)),
+    )
     from oxrl_core.loops.crash import timed
 
     batch = pg.sample(step=1, timer=timed)

@@ -6,8 +6,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 # The exact-number fingerprints are keyed to what decides the numerics; nothing else may look at the machine.
 FINGERPRINTS = {"fingerprint.py", "test_fingerprints.py"}
-MACHINE_IDENTITY = re.compile(r"/proc/cpuinfo|platform\.(processor|machine|node)|get_cpu_capability|gethostname"
-                              r"|cpu_count\(|cpu_model|lscpu")
+MACHINE_IDENTITY = re.compile(
+    r"/proc/cpuinfo|platform\.(processor|machine|node)|get_cpu_capability|gethostname"
+    r"|cpu_count\(|cpu_model|lscpu"
+)
 SKIP = re.compile(r"pytest\.skip\(|skipif\(|importorskip\(")
 # A test may skip only where what it needs is missing (a GPU, root and Slurm), never for what a machine reports.
 SKIP_REASON = re.compile(r"""(reason=)?f?["'](needs |no /etc/shadow here)""")
@@ -18,9 +20,12 @@ def _test_sources() -> list[Path]:
 
 
 def test_no_test_reads_the_machine_it_runs_on():
-    found = [f"{path.relative_to(TESTS)}:{number}: {line.strip()}" for path in _test_sources()
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             if MACHINE_IDENTITY.search(line) and path.name != Path(__file__).name]
+    found = [
+        f"{path.relative_to(TESTS)}:{number}: {line.strip()}"
+        for path in _test_sources()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if MACHINE_IDENTITY.search(line) and path.name != Path(__file__).name
+    ]
     assert not found, "a test that sizes itself from, or skips on, the machine it runs on:\n" + "\n".join(found)
 
 

@@ -28,12 +28,17 @@ def test_loads_as_a_qwen2_causal_lm_with_head_dim_64(tiny_model_dir):
 def test_chatml_template_with_im_end_as_eos(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
-    conversation = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "<answer>5</answer>"}]
+    conversation = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+    ]
     assert tokenizer.apply_chat_template(conversation, tokenize=False) == (
-        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n<answer>5</answer><|im_end|>\n")
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n<answer>5</answer><|im_end|>\n"
+    )
     # no default system message; the generation prompt opens the assistant turn
     assert tokenizer.apply_chat_template(conversation[:1], add_generation_prompt=True, tokenize=False) == (
-        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_auto_tokenizer_and_tokenizer_json_tokenize_alike(tiny_model_dir):

@@ -14,9 +14,21 @@ from oxrl_core.training.packing import VISION_ATTENTION
 
 def qwen25_windowed_tower() -> torch.nn.Module:
     """Qwen2.5-VL's tower in small widths: windows of 4 x 4 merged patches, full attention in blocks 1 and 3."""
-    config = Qwen2_5_VLConfig(vision_config=dict(depth=4, hidden_size=32, intermediate_size=32, num_heads=4,
-                                                 out_hidden_size=16, hidden_act="silu", patch_size=14, spatial_merge_size=2,
-                                                 temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3]))
+    config = Qwen2_5_VLConfig(
+        vision_config=dict(
+            depth=4,
+            hidden_size=32,
+            intermediate_size=32,
+            num_heads=4,
+            out_hidden_size=16,
+            hidden_act="silu",
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[1, 3],
+        )
+    )
     config.vision_config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return Qwen2_5_VisionTransformerPretrainedModel._from_config(config.vision_config).eval()
@@ -25,14 +37,20 @@ def qwen25_windowed_tower() -> torch.nn.Module:
 @pytest.mark.parametrize("tower", ["oxrl-tiny-vl (Qwen2-VL)", "Qwen2.5-VL, windowed"])
 def test_one_call_per_block_gives_the_per_window_sdpa_values(tower, tiny_vl_model_dir, monkeypatch):
     if tower.startswith("oxrl-tiny-vl"):
-        model = media_encoder(AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, attn_implementation="sdpa",
-                                                                          dtype=torch.float32)).eval()
+        model = media_encoder(
+            AutoModelForImageTextToText.from_pretrained(
+                tiny_vl_model_dir, attn_implementation="sdpa", dtype=torch.float32
+            )
+        ).eval()
     else:
         model = qwen25_windowed_tower()
     grid = torch.tensor([[1, 8, 8], [1, 16, 12], [1, 4, 4]])  # three images of 64, 192 and 16 patches
     c = model.config
-    pixels = torch.randn(int(grid.prod(-1).sum()), c.in_channels * c.temporal_patch_size * c.patch_size ** 2,
-                         generator=torch.Generator().manual_seed(0))
+    pixels = torch.randn(
+        int(grid.prod(-1).sum()),
+        c.in_channels * c.temporal_patch_size * c.patch_size**2,
+        generator=torch.Generator().manual_seed(0),
+    )
     calls = []
 
     def counted(module, query, *args, cu_seq_lens_q=None, **kwargs):

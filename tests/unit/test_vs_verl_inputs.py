@@ -33,11 +33,18 @@ def test_verls_inputs_tokenize_and_score_as_oxrls(tmp_path, tiny_model_dir, vs_v
     monkeypatch.setattr(rl_step, "PROMPT_TOKENS", 40)
     prompts = rl_step.write_prompts(tiny_model_dir, tmp_path / "prompts.jsonl", 6)
     config_path = tmp_path / "rl.yaml"
-    config_path.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(tiny_model_dir)}, "data": {"train": [{"path": str(prompts)}]},
-        "train": {"alg": "cispo", "batch_size": 24, "micro_batch_size": 4, "grad_accum": 6},
-        "rollout": {"n_samples": 4, "max_prompt_len": 40}, "reward": {"func": "math"},
-        "run": {"output_dir": str(tmp_path / "runs")}}))
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(tiny_model_dir)},
+                "data": {"train": [{"path": str(prompts)}]},
+                "train": {"alg": "cispo", "batch_size": 24, "micro_batch_size": 4, "grad_accum": 6},
+                "rollout": {"n_samples": 4, "max_prompt_len": 40},
+                "reward": {"func": "math"},
+                "run": {"output_dir": str(tmp_path / "runs")},
+            }
+        )
+    )
     config = resolve_run("rl", config_path).config
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     paths = vs_verl.write_verl_inputs(config, tokenizer, tmp_path)
@@ -56,10 +63,18 @@ def test_verls_inputs_tokenize_and_score_as_oxrls(tmp_path, tiny_model_dir, vs_v
     scores = []
     for row, example in zip(rows, examples):
         answer = example.record["answer"]
-        for response in (f"<answer>{answer}</answer>", f"so \\boxed{{{answer}}}", f"<answer>{answer}1</answer>", "no answer"):
-            verl_score = module.compute_score(data_source=row["data_source"], solution_str=response,
-                                              ground_truth=row["reward_model"]["ground_truth"],
-                                              extra_info=dict(row["extra_info"]) | {"num_turns": 2})
+        for response in (
+            f"<answer>{answer}</answer>",
+            f"so \\boxed{{{answer}}}",
+            f"<answer>{answer}1</answer>",
+            "no answer",
+        ):
+            verl_score = module.compute_score(
+                data_source=row["data_source"],
+                solution_str=response,
+                ground_truth=row["reward_model"]["ground_truth"],
+                extra_info=dict(row["extra_info"]) | {"num_turns": 2},
+            )
             assert verl_score == oxrl_reward(response, example.record), response
             scores.append(verl_score)
     assert set(scores) == {0.0, 1.0}
@@ -67,15 +82,31 @@ def test_verls_inputs_tokenize_and_score_as_oxrls(tmp_path, tiny_model_dir, vs_v
 
 def test_verls_console_lines_become_per_step_phases(vs_verl):
     # verl 0.9.1's format: numpy scalars as `np.float64(...)`, exponents with a dash
-    line = ("(TaskRunner pid=1) step:2 - actor/pg_loss:-0.01 - timing_s/gen:9.5 - timing_s/reward:2.5e-05 - "
-            "timing_s/old_log_prob:1.0 - timing_s/update_actor:3.0 - timing_s/update_weights:0.25 - "
-            "actor/perf/max_memory_allocated_gb:np.float64(40.5) - timing_s/step:15.0 - response_length/mean:500.0 - "
-            "rollout_corr/kl:5.827940464019775")
-    (step,) = vs_verl.parse_verl_log("starting\n" + line + "\nstep:3 - actor/lr:1e-06\n", samples=512, prompt_tokens=65536)
-    assert step == pytest.approx({"step_s": 15.0, "time_generate_s": 9.5, "time_reward_s": 2.5e-05, "time_logprobs_s": 1.0,
-                                  "time_train_s": 3.0, "time_refresh_s": 0.25, "time_other_s": 1.249975, "samples": 512,
-                                  "generated_tokens": 256000.0, "prompt_tokens": 65536, "trainer_peak_memory_gb": 40.5,
-                                  "rollout_vs_trainer_kl": 5.827940464019775})
+    line = (
+        "(TaskRunner pid=1) step:2 - actor/pg_loss:-0.01 - timing_s/gen:9.5 - timing_s/reward:2.5e-05 - "
+        "timing_s/old_log_prob:1.0 - timing_s/update_actor:3.0 - timing_s/update_weights:0.25 - "
+        "actor/perf/max_memory_allocated_gb:np.float64(40.5) - timing_s/step:15.0 - response_length/mean:500.0 - "
+        "rollout_corr/kl:5.827940464019775"
+    )
+    (step,) = vs_verl.parse_verl_log(
+        "starting\n" + line + "\nstep:3 - actor/lr:1e-06\n", samples=512, prompt_tokens=65536
+    )
+    assert step == pytest.approx(
+        {
+            "step_s": 15.0,
+            "time_generate_s": 9.5,
+            "time_reward_s": 2.5e-05,
+            "time_logprobs_s": 1.0,
+            "time_train_s": 3.0,
+            "time_refresh_s": 0.25,
+            "time_other_s": 1.249975,
+            "samples": 512,
+            "generated_tokens": 256000.0,
+            "prompt_tokens": 65536,
+            "trainer_peak_memory_gb": 40.5,
+            "rollout_vs_trainer_kl": 5.827940464019775,
+        }
+    )
 
 
 def test_the_versions_reported_for_verl_are_those_its_pythonpath_imports(tmp_path, vs_verl):
@@ -94,8 +125,9 @@ def test_the_versions_reported_for_verl_are_those_its_pythonpath_imports(tmp_pat
 def test_a_run_verl_cannot_match_is_refused_by_name(tmp_path, vs_verl):
     from oxrl_core.config.schema import RLConfig
 
-    config = RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "lora": {"enabled": True},
-                                      "train": {"alg": "sgrpo"}})
+    config = RLConfig.model_validate(
+        {"data": {"train": [{"path": "p.jsonl"}]}, "lora": {"enabled": True}, "train": {"alg": "sgrpo"}}
+    )
     with pytest.raises(SystemExit, match="train.alg .only cispo is mapped., lora.enabled"):
         vs_verl.verl_overrides(config, {"train": tmp_path / "t.parquet", "reward": tmp_path / "r.py"}, 1, 2, False)
 
@@ -104,27 +136,37 @@ def test_a_lag_of_1_split_runs_verls_one_step_off_trainer_with_its_gpus_apart_an
     from oxrl_core.config.schema import RLConfig
 
     paths = {"train": tmp_path / "t.parquet", "reward": tmp_path / "r.py"}
-    rl = lambda **rollout: RLConfig.model_validate({"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 1},
-                                                    "rollout": {"engines": 1, **rollout}})
+    rl = lambda **rollout: RLConfig.model_validate(
+        {"data": {"train": [{"path": "p.jsonl"}]}, "run": {"train_ranks": 1}, "rollout": {"engines": 1, **rollout}}
+    )
     synchronous = rl()
     assert vs_verl.verl_entry(synchronous) == "verl.trainer.main_ppo"
     assert "trainer.n_gpus_per_node=2" in vs_verl.verl_overrides(synchronous, paths, 2, 3, True)
     lagged = rl(placement="split", lag=1)
     assert vs_verl.verl_entry(lagged) == "verl.experimental.one_step_off_policy.main_ppo"
     overrides = vs_verl.verl_overrides(lagged, paths, 2, 3, True)
-    assert {"trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False",
-            "algorithm.rollout_correction.bypass_mode=False", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
-            "hydra.searchpath=[pkg://verl.trainer.config]"} <= set(overrides)
+    assert {
+        "trainer.n_gpus_per_node=1",
+        "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False",
+        "algorithm.rollout_correction.bypass_mode=False",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+        "hydra.searchpath=[pkg://verl.trainer.config]",
+    } <= set(overrides)
     assert len({o.split("=")[0] for o in overrides}) == len(overrides)  # each key once
-    for rollout, words in (({"placement": "split"}, "placement=split .mapped at rollout.lag=1 only"),
-                           ({"lag": 1, "placement": "colocated"}, "rollout.lag .mapped at 1 with"),
-                           ({"max_staleness": 2, "placement": "split"}, "fully asynchronous trainer is not mapped")):
+    for rollout, words in (
+        ({"placement": "split"}, "placement=split .mapped at rollout.lag=1 only"),
+        ({"lag": 1, "placement": "colocated"}, "rollout.lag .mapped at 1 with"),
+        ({"max_staleness": 2, "placement": "split"}, "fully asynchronous trainer is not mapped"),
+    ):
         with pytest.raises(SystemExit, match=words):
             vs_verl.verl_overrides(rl(**rollout), paths, 2, 3, True)
 
 
 def test_the_one_step_off_trainers_weight_sync_is_read_as_the_refresh(vs_verl):
-    line = ("step:2 - timing_s/gen:4.0 - timing_s/sync_rollout_weights:0.5 - timing_s/old_log_prob:1.0 - "
-            "timing_s/update_actor:3.0 - timing_s/step:9.0 - response_length/mean:100.0")
+    line = (
+        "step:2 - timing_s/gen:4.0 - timing_s/sync_rollout_weights:0.5 - timing_s/old_log_prob:1.0 - "
+        "timing_s/update_actor:3.0 - timing_s/step:9.0 - response_length/mean:100.0"
+    )
     (step,) = vs_verl.parse_verl_log(line, samples=8, prompt_tokens=1024)
     assert (step["time_generate_s"], step["time_refresh_s"], step["time_other_s"]) == (4.0, 0.5, 0.5)

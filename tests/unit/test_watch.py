@@ -59,7 +59,10 @@ def test_the_innermost_call_of_the_main_thread_is_read_from_a_faulthandler_dump(
     done.set()
     helper.join()
     assert (tmp_path / "dump").read_text().count("hread 0x") >= 2  # more where earlier tests left threads
-    assert innermost_call((tmp_path / "dump").read_text()) == f"waiting_in_a_collective (test_watch.py:{waiting_in_a_collective.__code__.co_firstlineno + 2})"
+    assert (
+        innermost_call((tmp_path / "dump").read_text())
+        == f"waiting_in_a_collective (test_watch.py:{waiting_in_a_collective.__code__.co_firstlineno + 2})"
+    )
     assert innermost_call("") == ""
     assert innermost_call("(no stacks: a stopped process cannot answer)") == ""
 

@@ -22,8 +22,8 @@ from typing import NoReturn
 import torch
 
 from oxrl_core.algs.advantages import ESTIMATORS
-from oxrl_core.algs.correction import importance_weights
 from oxrl_core.algs.base import GlobalBatch, Metrics
+from oxrl_core.algs.correction import importance_weights
 from oxrl_core.cluster.placement import Placement
 from oxrl_core.data.records import PromptExample, load_prompts
 from oxrl_core.data.sampler import MixedSampler
@@ -36,8 +36,8 @@ from oxrl_core.loops.harness import Run
 from oxrl_core.rewards.base import RewardUnavailable
 from oxrl_core.rewards.judge import Judge
 from oxrl_core.rewards.length import overlong_penalty
-from oxrl_core.rollout.records import Rollout, round_seed
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
+from oxrl_core.rollout.records import Rollout, round_seed
 
 
 class SamplingStopped(Exception):
@@ -47,6 +47,7 @@ class SamplingStopped(Exception):
 @dataclass
 class SampledBatch:
     """A step's scored samples, the prompts of their groups, and what sampling them measured."""
+
     rollouts: list[Rollout]
     prompts: list[tuple[int, int]]  # each group's prompt: (data source, index)
     policy_version: int  # the engines' weights while they sampled it
@@ -56,14 +57,21 @@ class SampledBatch:
     def state(self) -> dict:
         """For a checkpoint (JSON): the rollouts without their media, which the prompts give back."""
         rollouts = [{f.name: getattr(r, f.name) for f in fields(Rollout) if f.name != "media"} for r in self.rollouts]
-        return {"rollouts": rollouts, "prompts": self.prompts, "policy_version": self.policy_version,
-                "metrics": self.metrics, "seconds": self.seconds}
+        return {
+            "rollouts": rollouts,
+            "prompts": self.prompts,
+            "policy_version": self.policy_version,
+            "metrics": self.metrics,
+            "seconds": self.seconds,
+        }
 
     @classmethod
     def from_state(cls, state: dict, prompt_sets: list[list[PromptExample]]) -> "SampledBatch":
         prompts = [tuple(p) for p in state["prompts"]]
-        rollouts = [Rollout(**r, media=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].media))
-                    for r in state["rollouts"]]
+        rollouts = [
+            Rollout(**r, media=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].media))
+            for r in state["rollouts"]
+        ]
         return cls(rollouts, prompts, state["policy_version"], state["metrics"], state["seconds"])
 
 
@@ -79,13 +87,16 @@ class PolicyGradient:
         self.new_env = partial(resolve_env(env.name, env.kwargs), **env.kwargs) if env.name else None  # an episode's
         self.reports, self.prompt_sets = [], []
         for source in data.train:
-            prompts, report = load_prompts(source.path, run.tokenizer, self.rollout.max_prompt_len, data.strict, self.new_env)
+            prompts, report = load_prompts(
+                source.path, run.tokenizer, self.rollout.max_prompt_len, data.strict, self.new_env
+            )
             self.prompt_sets.append(prompts)
             self.reports.append(report)
         self.val_prompts = []
         if data.val is not None:
-            self.val_prompts, report = load_prompts(data.val, run.tokenizer, self.rollout.max_prompt_len, data.strict,
-                                                    self.new_env)
+            self.val_prompts, report = load_prompts(
+                data.val, run.tokenizer, self.rollout.max_prompt_len, data.strict, self.new_env
+            )
             self.reports.append(report)
         self.has_val = bool(self.val_prompts)
         self.template = TurnTemplate(run.tokenizer, self.new_env().tools) if self.new_env else None
@@ -148,19 +159,25 @@ class PolicyGradient:
         if self.staleness:  # samples the weights changed under
             metrics["partial_frac"] = sum(bool(r.version_starts) for r in rollouts) / len(rollouts)
         per_sample = {"rewards": rewards, "group_ids": torch.tensor([r.group for r in rollouts])}
-        per_rank = rl_micro_batches(rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id,
-                                    rollout.mask_truncated)
+        per_rank = rl_micro_batches(
+            rollouts, per_sample, run.config.run.train_ranks, train.micro_batch_size, run.pad_id, rollout.mask_truncated
+        )
         old = self.old_logprobs(per_rank, seconds)
         batches = [b for rank in per_rank for b in rank]
         metrics |= rollout_metrics(rollouts, rewards) | correct(batches, self.settings)
         # 3. advantages
         ESTIMATORS[self.alg.advantages](batches, self.settings)
-        bad = non_finite(rewards=rewards, advantages=torch.cat([b["advantages"].flatten() for b in batches]),
-                         trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]))
+        bad = non_finite(
+            rewards=rewards,
+            advantages=torch.cat([b["advantages"].flatten() for b in batches]),
+            trainer_logprobs=torch.cat([o.flatten() for r in old for o in r]),
+        )
         # 4. train
         if bad:
             self.bad_steps += 1
-            run.console.print(f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({self.bad_steps} in a row)")
+            run.console.print(
+                f"[yellow]step {step} skipped:[/] non-finite {', '.join(bad)} ({self.bad_steps} in a row)"
+            )
             metrics["skipped_steps"] = self.bad_steps
         else:
             self.bad_steps = 0
@@ -183,8 +200,10 @@ class PolicyGradient:
         metrics |= phase_metrics(seconds, metrics.pop("generated_tokens"))
         metrics |= {"policy_version": self.policy_version, "time_step_s": time.perf_counter() - start}
         if self.bad_steps >= train.max_bad_steps:
-            run.console.print(f"[red]stopping:[/] {self.bad_steps} consecutive steps had non-finite values; checkpoint "
-                              f"of the last good weights follows")
+            run.console.print(
+                f"[red]stopping:[/] {self.bad_steps} consecutive steps had non-finite values; checkpoint "
+                f"of the last good weights follows"
+            )
             self.stopped_early = f"{self.bad_steps} consecutive non-finite steps"
         return metrics
 
@@ -226,8 +245,9 @@ class PolicyGradient:
                 drawn = drawn if attempt == 0 and drawn else self.draw(needed - len(kept))
                 prompts = [self.prompt_sets[src][i] for src, i in drawn]
                 groups = [[] for _ in prompts]
-                finished = self.generate(prompts, rollout.n_samples, rollout.temperature,
-                                         round_seed(self.train.seed, step, attempt))
+                finished = self.generate(
+                    prompts, rollout.n_samples, rollout.temperature, round_seed(self.train.seed, step, attempt)
+                )
                 while True:  # each group scored as it ends, while the engines sample the others
                     with timer(seconds, "generate" if attempt == 0 else "resample"):
                         group = next(finished, None)
@@ -247,7 +267,8 @@ class PolicyGradient:
                 raise SamplingStopped(
                     f"dynamic sampling: after {rounds} rounds (train.{self.alg.name}.max_sampling_rounds) only {len(kept)} of the "
                     f"{needed} prompt groups a step needs had rewards that differ ({dropped} groups scored the same "
-                    f"for every sample); use more rounds, or prompts the model solves sometimes but not always")
+                    f"for every sample); use more rounds, or prompts the model solves sometimes but not always"
+                )
         except SamplingStopped:
             self.sampler.load_state_dict(step_start)
             raise
@@ -263,17 +284,34 @@ class PolicyGradient:
         with self.drawing:
             return self.sampler.next_batch(count)
 
-    def generate(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int) -> Iterator[list[Rollout]]:
+    def generate(
+        self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int
+    ) -> Iterator[list[Rollout]]:
         """Each prompt's `n` samples (`Rollout.group`: its index in `prompts`), a group at a time as its last sample
         ends; within a group in sample order."""
         pool, top_p = self.run.pool, self.rollout.top_p
         if self.new_env:  # each sample an episode: the policy's turns and the environment's answers between them
-            finished = stream_episodes(pool.stream, prompts, n, temperature, top_p, seed_base, self.new_env, self.template,
-                                       self.env.max_turns, self.rollout.max_tokens, self.env.max_episode_tokens)
+            finished = stream_episodes(
+                pool.stream,
+                prompts,
+                n,
+                temperature,
+                top_p,
+                seed_base,
+                self.new_env,
+                self.template,
+                self.env.max_turns,
+                self.rollout.max_tokens,
+                self.env.max_episode_tokens,
+            )
         else:
-            requests = pool.requests([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts])
-            finished = ((c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].media))
-                        for c in pool.stream(requests, [r.key // n for r in requests]))
+            requests = pool.requests(
+                [p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts]
+            )
+            finished = (
+                (c.key, Rollout.of(c, c.key // n, prompts[c.key // n].prompt_ids, requests[c.key].media))
+                for c in pool.stream(requests, [r.key // n for r in requests])
+            )
         ending = {}
         for key, rollout in finished:  # key: prompt i's j-th sample is i * n + j
             ending.setdefault(rollout.group, {})[key] = rollout
@@ -294,8 +332,9 @@ class PolicyGradient:
         if reward_cfg.overlong_buffer:
             limit = self.env.max_episode_tokens if self.new_env else self.rollout.max_tokens
             for r in rollouts:
-                r.reward += overlong_penalty(len(r.response_ids), limit, reward_cfg.overlong_buffer,
-                                             reward_cfg.overlong_penalty)
+                r.reward += overlong_penalty(
+                    len(r.response_ids), limit, reward_cfg.overlong_buffer, reward_cfg.overlong_penalty
+                )
 
     def stop(self, last_trained: int, why: str) -> NoReturn:
         """End the run after step `last_trained`: its weights are kept (a checkpoint) and --resume samples the
@@ -303,9 +342,14 @@ class PolicyGradient:
         run = self.run
         if last_trained >= run.first_step:
             run.save(last_trained, final=False, loop_state=self.loop_state())
-        raise OxrlError(f"{why}; stopped at step {last_trained + 1}: " + (
-            f"step {last_trained}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
-            if last_trained >= 1 else "no step had finished, run again")) from None
+        raise OxrlError(
+            f"{why}; stopped at step {last_trained + 1}: "
+            + (
+                f"step {last_trained}'s checkpoint is in {run.run_dir}, rerun with --resume to continue"
+                if last_trained >= 1
+                else "no step had finished, run again"
+            )
+        ) from None
 
     def old_logprobs(self, per_rank: list[list[dict]], seconds: dict) -> list[list[torch.Tensor]]:
         """The trainer's logprobs of the sampled tokens before the update (and PPO's old values, the reference's
@@ -320,7 +364,11 @@ class PolicyGradient:
                 old = group.call("token_logprobs", per_rank, temperature=temperature)
             attach(per_rank, "old_logprobs", old)
             if self.alg.reference_model(self.settings):
-                attach(per_rank, "ref_logprobs", group.call("token_logprobs", per_rank, temperature=temperature, reference=True))
+                attach(
+                    per_rank,
+                    "ref_logprobs",
+                    group.call("token_logprobs", per_rank, temperature=temperature, reference=True),
+                )
         return old
 
     def update(self, per_rank: list[list[dict]], step: int, seconds: dict) -> dict:
@@ -328,12 +376,20 @@ class PolicyGradient:
         batch = GlobalBatch([b for r in per_rank for b in r], max_tokens=float(self.rollout.max_tokens))
         num_tokens = batch.tokens()
         with self.run.position.timed(seconds, "train"):
-            results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=self.alg.args(self.settings, batch),
-                                          temperature=self.rollout.temperature, with_entropy=True)
+            results = self.run.group.call(
+                "train_step",
+                per_rank,
+                loss=self.alg.loss,
+                args=self.alg.args(self.settings, batch),
+                temperature=self.rollout.temperature,
+                with_entropy=True,
+            )
         metrics = train_metrics(results, num_tokens, self.alg.metrics)
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
-            raise RuntimeError(f"step {step}: non-finite loss or gradient after the update; the weights since the last "
-                               f"checkpoint are not trusted and none is written")
+            raise RuntimeError(
+                f"step {step}: non-finite loss or gradient after the update; the weights since the last "
+                f"checkpoint are not trusted and none is written"
+            )
         return metrics
 
     def refresh(self) -> None:
@@ -344,8 +400,10 @@ class PolicyGradient:
         """Accuracy on the validation prompts (reward >= 1 counts as correct): greedy, and pass@1 estimated from
         `n_samples` samples each at the training temperature."""
         self.run.position.phase, result = "eval", {}
-        for key, n, temperature in (("eval_accuracy_greedy", 1, 0.0),
-                                    ("eval_accuracy", self.rollout.n_samples, self.rollout.temperature)):
+        for key, n, temperature in (
+            ("eval_accuracy_greedy", 1, 0.0),
+            ("eval_accuracy", self.rollout.n_samples, self.rollout.temperature),
+        ):
             rollouts = [r for group in self.generate(self.val_prompts, n, temperature, seed_base=0) for r in group]
             with self.scoring:
                 self.run.score(rollouts, [p.record for p in self.val_prompts], step)
@@ -357,9 +415,11 @@ def shared_gpus_note(lag: int, staleness: int, placement: Placement) -> str | No
     """What a pipelined run whose engines share the trainers' GPUs should know before it spends its steps."""
     if not (lag or staleness) or placement.mode != "colocated" or not placement.on_gpu:
         return None
-    return ("rollout.lag / rollout.max_staleness with the engines on the trainers' GPUs (colocated): the engines and the "
-            "ranks take turns on each GPU, so the overlap gains little (measured in docs/guides/pipelined-rl.md); "
-            "rollout.placement=split gives the engines GPUs of their own")
+    return (
+        "rollout.lag / rollout.max_staleness with the engines on the trainers' GPUs (colocated): the engines and the "
+        "ranks take turns on each GPU, so the overlap gains little (measured in docs/guides/pipelined-rl.md); "
+        "rollout.placement=split gives the engines GPUs of their own"
+    )
 
 
 def in_background(fn, *args) -> Future:
@@ -377,8 +437,14 @@ def in_background(fn, *args) -> Future:
     return future
 
 
-def rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor], ranks: int, size: int, pad_id: int,
-                     mask_truncated: bool) -> list[list[dict]]:
+def rl_micro_batches(
+    rollouts: list[Rollout],
+    per_sample: dict[str, torch.Tensor],
+    ranks: int,
+    size: int,
+    pad_id: int,
+    mask_truncated: bool,
+) -> list[list[dict]]:
     """Samples cut into per-rank micro-batches: tokens, masks, the `per_sample` tensors ([B] each: advantages, or
     PPO's rewards) and the sampler's logprobs placed on their prediction-aligned positions (the token at index
     len(prompt) + j is predicted at len(prompt) + j - 1)."""
@@ -387,20 +453,25 @@ def rl_micro_batches(rollouts: list[Rollout], per_sample: dict[str, torch.Tensor
     for r in range(ranks):
         rank_batches = []
         for start in range(r * per_rank, (r + 1) * per_rank, size):
-            chunk = rollouts[start:start + size]
+            chunk = rollouts[start : start + size]
             examples = []
             for x in chunk:
                 keep = 0 if (mask_truncated and x.finish_reason == "length") else 1
                 sampled = x.policy_mask or [1] * len(x.response_ids)  # an episode's environment tokens never train
-                examples.append(SFTExample(x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep * s for s in sampled],
-                                           x.media))
+                examples.append(
+                    SFTExample(
+                        x.prompt_ids + x.response_ids, [0] * len(x.prompt_ids) + [keep * s for s in sampled], x.media
+                    )
+                )
             batch = collate_sft(examples, pad_id)
             check_no_trained_padding(batch["response_mask"], batch["attention_mask"])
             sampler_logprobs = torch.zeros_like(batch["response_mask"])
             for b, x in enumerate(chunk):
-                sampler_logprobs[b, len(x.prompt_ids) - 1:len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(x.sampler_logprobs)
+                sampler_logprobs[b, len(x.prompt_ids) - 1 : len(x.prompt_ids) - 1 + len(x.response_ids)] = torch.tensor(
+                    x.sampler_logprobs
+                )
             batch["sampler_logprobs"] = sampler_logprobs
-            batch |= {key: values[start:start + size].clone() for key, values in per_sample.items()}
+            batch |= {key: values[start : start + size].clone() for key, values in per_sample.items()}
             rank_batches.append(batch)
         batches.append(rank_batches)
     return batches
@@ -417,15 +488,26 @@ def correct(batches: list[dict], settings) -> dict:
     """Each micro-batch's sampler-trainer correction weights (`is_weights`, its `sampler_correction`); how far vLLM's
     logprobs are from the trainer's for the same tokens (mean |delta| and KL per token), the largest raw weight of the
     step and the share of its response tokens whose weight was truncated or masked."""
-    stats = [importance_weights(b["old_logprobs"], b["sampler_logprobs"], b["response_mask"], settings.sampler_correction,
-                                settings.correction_cap, settings.correction_floor) for b in batches]
+    stats = [
+        importance_weights(
+            b["old_logprobs"],
+            b["sampler_logprobs"],
+            b["response_mask"],
+            settings.sampler_correction,
+            settings.correction_cap,
+            settings.correction_floor,
+        )
+        for b in batches
+    ]
     for b, (weights, _) in zip(batches, stats):
         b["is_weights"] = weights
     tokens = max(sum(s["tokens"] for _, s in stats), 1)
-    return {"logprob_gap_abs": sum(s["gap_abs_sum"] for _, s in stats) / tokens,
-            "logprob_gap_kl": sum(s["gap_kl_sum"] for _, s in stats) / tokens,
-            "is_ratio_max": max(s["is_ratio_max"] for _, s in stats),
-            "is_corrected_frac": sum(s["is_corrected_tokens"] for _, s in stats) / tokens}
+    return {
+        "logprob_gap_abs": sum(s["gap_abs_sum"] for _, s in stats) / tokens,
+        "logprob_gap_kl": sum(s["gap_kl_sum"] for _, s in stats) / tokens,
+        "is_ratio_max": max(s["is_ratio_max"] for _, s in stats),
+        "is_corrected_frac": sum(s["is_corrected_tokens"] for _, s in stats) / tokens,
+    }
 
 
 def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
@@ -438,7 +520,9 @@ def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
         "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
     }
     if rollouts[0].policy_mask is not None:  # episodes: policy messages each, and the tokens the policy sampled
-        metrics["turns"] = sum(1 + sum(a > b for a, b in zip(r.policy_mask[1:], r.policy_mask)) for r in rollouts) / len(rollouts)
+        metrics["turns"] = sum(
+            1 + sum(a > b for a, b in zip(r.policy_mask[1:], r.policy_mask)) for r in rollouts
+        ) / len(rollouts)
         metrics["policy_tokens"] = sum(sum(r.policy_mask) for r in rollouts) / len(rollouts)
     return metrics
 
@@ -446,8 +530,12 @@ def rollout_metrics(rollouts: list[Rollout], rewards: torch.Tensor) -> dict:
 def train_metrics(results: list[dict], num_tokens: float, loss_metrics: Metrics) -> dict:
     """The step's loss, gradient norm and rate, and its algorithm's metrics of every rank's sums."""
     sums = {key: sum(r[key] for r in results) for key in results[0] if key.endswith("_sum")} | {"tokens": num_tokens}
-    metrics = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
-               **loss_metrics(sums)}
+    metrics = {
+        "loss": sum(r["loss"] for r in results),
+        "grad_norm": results[0]["grad_norm"],
+        "lr": results[0]["lr"],
+        **loss_metrics(sums),
+    }
     if "peak_memory_gb" in results[0]:  # on GPU
         metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
     return metrics

@@ -66,16 +66,21 @@ class SelfPlaySupervised(OfflineSupervised):
         prompts, seed_base = [p for s in self.train_sets for p in s], round_seed(train.seed, k)
         if self.alg.self_play == "passing":
             rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, seed_base, step)
-            kept = {(r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= self.settings.threshold}  # distinct
+            kept = {
+                (r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= self.settings.threshold
+            }  # distinct
             stats = {"rft_kept": float(len(kept)), "rft_reward_mean": sum(r.reward for r in rollouts) / len(rollouts)}
             if not kept:
-                raise OxrlError(f"RFT iteration {k}: none of {len(rollouts)} samples scored at least train.rft.threshold="
-                                f"{self.settings.threshold} (best: {max(r.reward for r in rollouts)}); lower the threshold, "
-                                f"sample more (rollout.n_samples) or start from a stronger model")
+                raise OxrlError(
+                    f"RFT iteration {k}: none of {len(rollouts)} samples scored at least train.rft.threshold="
+                    f"{self.settings.threshold} (best: {max(r.reward for r in rollouts)}); lower the threshold, "
+                    f"sample more (rollout.n_samples) or start from a stronger model"
+                )
             data = ([sequence(r, max_len) for r in kept.values()], None, stats)
         else:  # against the demonstrations: the reference is the policy at this point
-            rollouts = self.run.pool.generate([d.prompt_ids for d in prompts], 1, rollout.temperature, seed_base,
-                                              [d.chosen.media for d in prompts])
+            rollouts = self.run.pool.generate(
+                [d.prompt_ids for d in prompts], 1, rollout.temperature, seed_base, [d.chosen.media for d in prompts]
+            )
             pairs = [PairExample(d.chosen, sequence(r, max_len)) for d, r in zip(prompts, rollouts)]
             data = (pairs, self.precompute_reference(pairs), {})
         torch.save(data, saved)
@@ -94,10 +99,14 @@ class SelfPlaySupervised(OfflineSupervised):
             self.run.pool.refresh(policy_version=step)
             self.refreshed_at = step
 
-    def sample(self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int, step: int) -> list[Rollout]:
+    def sample(
+        self, prompts: list[PromptExample], n: int, temperature: float, seed_base: int, step: int
+    ) -> list[Rollout]:
         """`n` scored samples per prompt."""
         self.run.position.phase, self.run.position.policy_version = "sample", self.refreshed_at
-        rollouts = self.run.pool.generate([p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts])
+        rollouts = self.run.pool.generate(
+            [p.prompt_ids for p in prompts], n, temperature, seed_base, [p.media for p in prompts]
+        )
         self.run.score(rollouts, [p.record for p in prompts], step)
         return rollouts
 
@@ -118,4 +127,7 @@ def best_over_worst(rollouts: list[Rollout], num_prompts: int, max_len: int) -> 
         tie = best.reward == worst.reward
         ties += tie
         pairs.append(PairExample(sequence(best, max_len, trained=not tie), sequence(worst, max_len, trained=not tie)))
-    return pairs, {"reward_mean": sum(r.reward for r in rollouts) / len(rollouts), "tied_prompts_frac": ties / num_prompts}
+    return pairs, {
+        "reward_mean": sum(r.reward for r in rollouts) / len(rollouts),
+        "tied_prompts_frac": ties / num_prompts,
+    }

@@ -11,15 +11,25 @@ from pathlib import Path
 import torch
 
 from oxrl_core.algs.base import GlobalBatch, LossArgs
-from oxrl_core.data.preference import (PairExample, UnpairedExample, collate_pairs, load_preference_examples,
-                                       load_text_blocks, load_unpaired_examples)
+from oxrl_core.data.preference import (
+    PairExample,
+    UnpairedExample,
+    collate_pairs,
+    load_preference_examples,
+    load_text_blocks,
+    load_unpaired_examples,
+)
 from oxrl_core.data.records import DataReport, load_sft_examples
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import collate_sft
 from oxrl_core.loops.harness import Run
 
-LOADERS = {"conversations": load_sft_examples, "pairs": load_preference_examples, "unpaired": load_unpaired_examples,
-           "text": load_text_blocks}
+LOADERS = {
+    "conversations": load_sft_examples,
+    "pairs": load_preference_examples,
+    "unpaired": load_unpaired_examples,
+    "text": load_text_blocks,
+}
 REFERENCE_FILE = "reference_logps.pt"
 
 
@@ -40,8 +50,10 @@ class OfflineSupervised:
             self.reports.append(report)
         self.has_val = bool(self.val_set)
         if self.alg.data == "unpaired" and len({u.desirable for s in self.train_sets for u in s}) < 2:
-            run.console.print("[yellow]warning:[/] every KTO record has the same label; KTO learns from both desirable "
-                              "and undesirable examples")
+            run.console.print(
+                "[yellow]warning:[/] every KTO record has the same label; KTO learns from both desirable "
+                "and undesirable examples"
+            )
         self.step_sets = self.train_sets  # what the steps draw from
         self.train_refs = self.val_refs = None  # precomputed reference logprobs, per set and example
         self.sampler = self.data_order()
@@ -51,7 +63,9 @@ class OfflineSupervised:
         return LOADERS[self.alg.data](path, self.run.tokenizer, data.max_len, data.strict)
 
     def data_order(self) -> MixedSampler | None:
-        sampler = MixedSampler([len(s) for s in self.train_sets], [s.ratio for s in self.run.config.data.train], self.train.seed)
+        sampler = MixedSampler(
+            [len(s) for s in self.train_sets], [s.ratio for s in self.run.config.data.train], self.train.seed
+        )
         if self.run.state:
             sampler.load_state_dict(self.run.state["sampler"])
         return sampler
@@ -83,10 +97,15 @@ class OfflineSupervised:
         results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=args)
         elapsed = time.perf_counter() - start
         sums = summed(results)
-        metrics = {"loss": sums["loss"], **self.alg.metrics(sums), **generated, "grad_norm": results[0]["grad_norm"],
-                   "lr": results[0]["lr"],
-                   "tokens_per_s": sum(float(b["attention_mask"].sum()) for r in per_rank for b in r) / elapsed,
-                   "step_time_s": elapsed}
+        metrics = {
+            "loss": sums["loss"],
+            **self.alg.metrics(sums),
+            **generated,
+            "grad_norm": results[0]["grad_norm"],
+            "lr": results[0]["lr"],
+            "tokens_per_s": sum(float(b["attention_mask"].sum()) for r in per_rank for b in r) / elapsed,
+            "step_time_s": elapsed,
+        }
         if "peak_memory_gb" in results[0]:  # on GPU
             metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
         if self.alg.kl_baseline:
@@ -109,12 +128,14 @@ class OfflineSupervised:
             result["eval_loss"] = result.pop("eval_nll")
         return result
 
-    def prepare(self, items: list, refs: list[torch.Tensor] | None, training: bool) -> tuple[list[list[dict]], LossArgs]:
+    def prepare(
+        self, items: list, refs: list[torch.Tensor] | None, training: bool
+    ) -> tuple[list[list[dict]], LossArgs]:
         """Per-rank micro-batches of `items` with their reference logprobs, and the loss's arguments. A training
         batch splits evenly (batch = micro-batch x grad_accum x ranks, checked before the run); held-out data is
         dealt with filler."""
         batches = self.micro_batches(items, refs)
-        per_rank = [batches[r::self.ranks] for r in range(self.ranks)] if training else deal(batches, self.ranks)
+        per_rank = [batches[r :: self.ranks] for r in range(self.ranks)] if training else deal(batches, self.ranks)
         if self.alg.reference_model(self.settings):
             results = self.run.group.call("token_logprobs", per_rank, reference=True)
             for rank_batches, rank_logprobs in zip(per_rank, results):
@@ -125,15 +146,18 @@ class OfflineSupervised:
 
     def micro_batches(self, items: list, refs: list[torch.Tensor] | None) -> list[dict]:
         size = self.size
-        return [collate(items[i:i + size], refs[i:i + size] if refs else None, self.run.pad_id)
-                for i in range(0, len(items), size)]
+        return [
+            collate(items[i : i + size], refs[i : i + size] if refs else None, self.run.pad_id)
+            for i in range(0, len(items), size)
+        ]
 
     def sequence_logps(self, batches: list[dict], reference: bool) -> torch.Tensor:
         """Σ of the response tokens' logprobs of every row of `batches`, in order: [rows]."""
         results = self.run.group.call("token_logprobs", deal(batches, self.ranks), reference=reference)
         # batch j went to rank j % ranks as its (j // ranks)-th micro-batch
-        return torch.cat([(results[j % self.ranks][j // self.ranks] * b["response_mask"]).sum(-1)
-                          for j, b in enumerate(batches)])
+        return torch.cat(
+            [(results[j % self.ranks][j // self.ranks] * b["response_mask"]).sum(-1) for j, b in enumerate(batches)]
+        )
 
     def precompute_reference(self, examples: list) -> list[torch.Tensor]:
         """Each example's reference logprobs under the current weights: [2] per example (chosen, rejected) for
@@ -177,8 +201,8 @@ def pair_halves(rows: torch.Tensor, pairs_per_batch: list[int]) -> tuple[torch.T
     """Rows of consecutive pair micro-batches (each: N chosen rows, then N rejected) -> (chosen [P], rejected [P])."""
     chosen, rejected, start = [], [], 0
     for n in pairs_per_batch:
-        chosen.append(rows[start:start + n])
-        rejected.append(rows[start + n:start + 2 * n])
+        chosen.append(rows[start : start + n])
+        rejected.append(rows[start + n : start + 2 * n])
         start += 2 * n
     return torch.cat(chosen), torch.cat(rejected)
 
