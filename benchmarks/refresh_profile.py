@@ -23,6 +23,7 @@ from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.resolve.run import resolve_run
 from oxrl_core.rollout.pool import RolloutPool
 from oxrl_core.training.deepspeed_setup import model_dtype
+from oxrl_core.training.engine import TrainEngine
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.weights.transport import open_ipc
 
@@ -83,7 +84,7 @@ def main() -> None:
             timed("refresh (the loop's call)", lambda: pool.refresh(version))
             handles = timed(
                 "share_weights (trainer)",
-                lambda: group.call("share_weights", [True], bucket=0, bucket_bytes=pool.bucket_bytes)[0],
+                lambda: group.call(TrainEngine.share_weights, [True], bucket=0, bucket_bytes=pool.bucket_bytes)[0],
             )
             for load in ("reload_weights", "load_weights"):
                 seconds = timed(
@@ -93,7 +94,7 @@ def main() -> None:
             times.setdefault("reset_prefix_cache (in the engine)", []).append(
                 ray.get(engine.__ray_call__.remote(_reset_prefix_cache))
             )
-            timed("release_shared_weights (trainer)", lambda: group.call("release_shared_weights"))
+            timed("release_shared_weights (trainer)", lambda: group.call(TrainEngine.release_shared_weights))
         group.shutdown()
     result = {key: statistics.median(values[1:]) for key, values in times.items()}  # the first refresh allocates
     (out / "refresh_profile.json").write_text(

@@ -28,6 +28,7 @@ from oxrl_core.cluster.session import ray_cluster
 from oxrl_core.config.load import load_config
 from oxrl_core.config.schema import RLConfig
 from oxrl_core.resolve.run import resolve_run
+from oxrl_core.training.engine import TrainEngine
 from oxrl_core.training.fused_head import fused_token_logprobs
 from oxrl_core.training.group import TrainGroup
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
@@ -110,13 +111,15 @@ def time_group(
     logprob_s, train_s = [], []
     for _ in range(1 + steps):
         start = time.perf_counter()
-        old = group.call("token_logprobs", per_rank)
+        old = group.call(TrainEngine.token_logprobs, per_rank)
         logprob_s.append(time.perf_counter() - start)
         for rank_batches, rank_old in zip(per_rank, old):
             for batch, logprobs in zip(rank_batches, rank_old):
                 batch["old_logprobs"], batch["is_weights"] = logprobs, torch.ones_like(logprobs)  # no correction
         start = time.perf_counter()
-        result = group.call("train_step", per_rank, loss=ALGORITHMS[ALG].loss, args=args, with_entropy=True)[0]
+        result = group.call(TrainEngine.train_step, per_rank, loss=ALGORITHMS[ALG].loss, args=args, with_entropy=True)[
+            0
+        ]
         train_s.append(time.perf_counter() - start)
     group.shutdown()
     train, logprobs = sum(train_s[1:]) / steps, sum(logprob_s[1:]) / steps  # after the warm-up step

@@ -36,6 +36,7 @@ from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.build_locks import wait_for_builds
 from oxrl_core.training.deepspeed_setup import model_dtype
+from oxrl_core.training.engine import TrainEngine
 from oxrl_core.training.group import TrainGroup
 
 StepHook = Callable[[int, dict], None]  # (step, its metrics): called after each step, before they are logged
@@ -163,7 +164,7 @@ def run_recipe(
             if isinstance(reward_fn, Judge):  # started once, beside the rollout engines; never refreshed
                 reward_fn.start(reservation, run_dir, config.train.batch_size)
             if state:
-                run.group.call("load_checkpoint", ds_dir=run_dir / "ds", tag=state["tag"])
+                run.group.call(TrainEngine.load_checkpoint, ds_dir=run_dir / "ds", tag=state["tag"])
             recipe.start()
             start = time.perf_counter()
             last = _steps(run, recipe, signals, log, on_step)

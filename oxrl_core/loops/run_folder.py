@@ -8,6 +8,7 @@ from pathlib import Path
 
 from oxrl_core.config.load import dump_config
 from oxrl_core.errors import OxrlError
+from oxrl_core.training.engine import TrainEngine
 
 PARTIAL = ".partial-"  # the prefix of a checkpoint folder being written (hidden: no `checkpoint-*` pattern takes it)
 
@@ -60,9 +61,9 @@ def save_checkpoint(group, run_dir: Path, step: int, final: bool, loop_state: di
     hf_dir = run_dir / ("final" if final else f"checkpoint-{step:06d}")
     ds_partial, hf_partial = (folder.with_name(PARTIAL + folder.name) for folder in (ds_dir / tag, hf_dir))
     try:
-        group.call("save_checkpoint", ds_dir=ds_dir, tag=ds_partial.name)
+        group.call(TrainEngine.save_checkpoint, ds_dir=ds_dir, tag=ds_partial.name)
         (ds_partial / "oxrl_state.json").write_text(json.dumps({"step": step, **loop_state}))
-        group.call("save_hf", out_dir=hf_partial, tokenizer_dir=tokenizer_dir)
+        group.call(TrainEngine.save_hf, out_dir=hf_partial, tokenizer_dir=tokenizer_dir)
         replaced = []  # the same step's folders saved before (`final` of a resumed run): swapped out, then removed
         for partial, folder in ((ds_partial, ds_dir / tag), (hf_partial, hf_dir)):
             if folder.exists():

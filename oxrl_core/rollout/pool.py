@@ -19,14 +19,22 @@ from oxrl_core.weights.transport import buckets
 
 
 class TrainerRanks(Protocol):
-    """The trainer ranks a refresh takes the weights from (`training.group.TrainGroup`): each rank's Ray actor, and a
-    method called on every rank (its results, or their futures)."""
+    """What a refresh asks of the trainer ranks (`training.group.TrainGroup`): each rank's Ray actor, and the weights'
+    plan, shares and broadcast (`weights/transport.py`)."""
 
     ranks: list
 
-    def call(self, method: str, *per_rank_args, **common) -> list: ...
+    def weight_plan(self) -> list:  # rank 0's: the tensors' names, shapes and dtypes, in the order they are sent
+        ...
 
-    def call_async(self, method: str, *per_rank_args, **common) -> list: ...
+    def share_weights(self, engine_here: list[bool], bucket: int, bucket_bytes: int) -> list:  # each rank's handles
+        ...
+
+    def release_shared_weights(self) -> list:  # every rank's future
+        ...
+
+    def send_weights(self) -> list:  # every rank's future
+        ...
 
 
 class RolloutPool:
@@ -81,7 +89,7 @@ class RolloutPool:
         for failure, log in zip(self.watch.get([w.start_failure.remote() for w in self.workers], "engine start"), logs):
             if failure:
                 raise start_error(failure, log)
-        plan, self.bucket_bytes = group.call("weight_plan")[0], r.weight_bucket_mb * 2**20
+        plan, self.bucket_bytes = group.weight_plan()[0], r.weight_bucket_mb * 2**20
         self.weight_buckets = len(buckets(plan, self.bucket_bytes))
         if not self.placement.weights_over_ipc:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
@@ -154,16 +162,16 @@ class RolloutPool:
             engine_here = [r < len(self.workers) for r in range(len(group.ranks))]  # the other ranks join the gathers
             for bucket in range(self.weight_buckets):
                 handles = {}
-                for shared in group.call("share_weights", engine_here, bucket=bucket, bucket_bytes=self.bucket_bytes):
+                for shared in group.share_weights(engine_here, bucket=bucket, bucket_bytes=self.bucket_bytes):
                     handles |= shared
                 self.watch.get(
                     [w.load_shared_weights.remote(handles, policy_version) for w in self.workers], "load_shared_weights"
                 )
             # Not waited for: the ranks free their last copy while the engines sample the next step, and run it before
             # any later call to them (a Ray actor runs one caller's calls in order).
-            self._releasing = group.call_async("release_shared_weights")
+            self._releasing = group.release_shared_weights()
         else:
             self.watch.get(
-                [*group.call_async("send_weights"), *(w.receive_weights.remote(policy_version) for w in self.workers)],
+                [*group.send_weights(), *(w.receive_weights.remote(policy_version) for w in self.workers)],
                 "weight broadcast",
             )

@@ -4,6 +4,7 @@ A call on the group runs the same method on every rank and waits for all of
 them; rank 0's answer (or every rank's, where they differ) comes back.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -32,18 +33,31 @@ class TrainGroup:
         if reservation.placement.weights_over_ipc:
             self.watch.get([rank.__ray_ready__.remote() for rank in self.ranks], "trainer start")
 
-    def call(self, method: str, *per_rank_args, **common) -> list:
-        """Run `method` on every rank. Positional args are per-rank lists; keyword args go to all. Its deadline
-        scales with the micro-batches, where the first per-rank argument is a list of them."""
+    def call(self, method: Callable, *per_rank_args, **common) -> list:
+        """Run `method`, a method of `TrainEngine`, on every rank. Positional args are per-rank lists; keyword args go
+        to all. Its deadline scales with the micro-batches, where the first per-rank argument is a list of them."""
         units = sum(len(x) for x in per_rank_args[0] if isinstance(x, list)) if per_rank_args else 0
-        return self.watch.get(self.call_async(method, *per_rank_args, **common), method, max(units, 1))
+        return self.watch.get(self.call_async(method, *per_rank_args, **common), method.__name__, max(units, 1))
 
-    def call_async(self, method: str, *per_rank_args, **common) -> list:
+    def call_async(self, method: Callable, *per_rank_args, **common) -> list:
         """`call` without waiting: the ranks' futures."""
         return [
-            getattr(rank, method).remote(*(args[i] for args in per_rank_args), **common)
+            getattr(rank, method.__name__).remote(*(args[i] for args in per_rank_args), **common)
             for i, rank in enumerate(self.ranks)
         ]
+
+    # What a weight refresh asks of the ranks (`rollout.pool.TrainerRanks`)
+    def weight_plan(self) -> list:
+        return self.call(TrainEngine.weight_plan)
+
+    def share_weights(self, engine_here: list[bool], bucket: int, bucket_bytes: int) -> list:
+        return self.call(TrainEngine.share_weights, engine_here, bucket=bucket, bucket_bytes=bucket_bytes)
+
+    def release_shared_weights(self) -> list:
+        return self.call_async(TrainEngine.release_shared_weights)
+
+    def send_weights(self) -> list:
+        return self.call_async(TrainEngine.send_weights)
 
     def shutdown(self) -> None:
         for rank in self.ranks:

@@ -45,10 +45,12 @@ class OneRank:
     def __init__(self, engine: TrainEngine):
         self.engine, self.ranks, self.trained_on_media = engine, [engine], False
 
-    def call(self, method: str, *per_rank_args, **common) -> list:
-        if method == "train_step":  # the micro-batches carry the prompts' images or audio where the example has them
+    def call(self, method, *per_rank_args, **common) -> list:
+        if (
+            method is TrainEngine.train_step
+        ):  # the micro-batches carry the prompts' images or audio where the example has them
             self.trained_on_media |= any("media" in batch for batch in per_rank_args[0][0])
-        return [getattr(self.engine, method)(*(args[0] for args in per_rank_args), **common)]
+        return [method(self.engine, *(args[0] for args in per_rank_args), **common)]
 
 
 class AnsweringSampler(RolloutPool):

@@ -16,6 +16,7 @@ from oxrl_core.algs.base import GlobalBatch
 from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.preprocess.arithmetic import arithmetic_problems, write_jsonl
 from oxrl_core.resolve.run import resolve_run
+from oxrl_core.training.engine import TrainEngine
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
@@ -451,11 +452,11 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
         # one real update (a large step, so a missed refresh could not hide), then the refresh
         advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
         batches = rl_micro_batches(before, {"advantages": advantages}, 2, 2, 0, mask_truncated=False)
-        attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        attach(batches, "old_logprobs", group.call(TrainEngine.token_logprobs, batches))
         correct([b for r in batches for b in r], run.config.train.settings)  # the sampler-trainer weights (none: ones)
         cispo = ALGORITHMS["cispo"]
         args = cispo.args(run.config.train.settings, GlobalBatch([b for r in batches for b in r], max_tokens=8.0))
-        group.call("train_step", batches, loss=cispo.loss, args=args)
+        group.call(TrainEngine.train_step, batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         # each engine samples 2 completions of the prompt; the trainer scores all 4
         after = [
@@ -464,12 +465,12 @@ def test_every_refreshed_engine_matches_the_trainer_and_stale_samples_are_refuse
             for s in ray.get(worker.generate.remote(prompt, 2, 1.0, 1.0, [8], [seed]))
         ]
         assert all(s.policy_version == 1 for s in after)
-        trainer = group.call("token_logprobs", rl_micro_batches(after, {}, 2, 1, 0, False))
+        trainer = group.call(TrainEngine.token_logprobs, rl_micro_batches(after, {}, 2, 1, 0, False))
         for i, sample in enumerate(after):
             n = len(sample.prompt_ids)
             mine = trainer[i // 2][i % 2][0, n - 1 : n - 1 + len(sample.response_ids)]
             assert torch.allclose(mine, torch.tensor(sample.sampler_logprobs), atol=1e-2), f"engine {i // 2}"
-        stale_gap = group.call("token_logprobs", rl_micro_batches(before[:2], {}, 2, 1, 0, False))
+        stale_gap = group.call(TrainEngine.token_logprobs, rl_micro_batches(before[:2], {}, 2, 1, 0, False))
         n = len(before[0].prompt_ids)
         assert (
             stale_gap[0][0][0, n - 1 : n - 1 + len(before[0].response_ids)] - torch.tensor(before[0].sampler_logprobs)

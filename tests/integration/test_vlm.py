@@ -22,6 +22,7 @@ from oxrl_core.data.records import load_prompts
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.preprocess.counting import QUESTIONS
 from oxrl_core.resolve.run import resolve_run
+from oxrl_core.training.engine import TrainEngine
 
 pytestmark = pytest.mark.integration
 QUESTION = QUESTIONS["image"]
@@ -247,18 +248,18 @@ def test_a_refreshed_engine_scores_an_image_prompt_as_the_trainer_does_and_not_w
         group, pool = start_actors(run, tmp_path / "logs", reservation)
         before = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=0, media=[prompt.media])
         batches = rl_micro_batches(before, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, 1, 4, pad, False)
-        attach(batches, "old_logprobs", group.call("token_logprobs", batches))
+        attach(batches, "old_logprobs", group.call(TrainEngine.token_logprobs, batches))
         correct([b for r in batches for b in r], config.train.settings)  # the sampler-trainer weights (none: ones)
         cispo = ALGORITHMS["cispo"]
         args = cispo.args(config.train.settings, GlobalBatch([b for r in batches for b in r], max_tokens=16.0))
-        group.call("train_step", batches, loss=cispo.loss, args=args)
+        group.call(TrainEngine.train_step, batches, loss=cispo.loss, args=args)
         pool.refresh(1)
         after = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=[prompt.media])
         blind = pool.generate([prompt.prompt_ids], 4, 1.0, seed_base=1, media=None)  # the engine without the image
         batches = rl_micro_batches(after, {}, 1, 4, pad, False)
-        trainer = group.call("token_logprobs", batches)[0][0]
+        trainer = group.call(TrainEngine.token_logprobs, batches)[0][0]
         without_image = {k: v for k, v in batches[0][0].items() if k not in ("media", "media_counts")}
-        trainer_blind = group.call("token_logprobs", [[without_image]])[0][0]
+        trainer_blind = group.call(TrainEngine.token_logprobs, [[without_image]])[0][0]
         n = len(prompt.prompt_ids)
         gaps, blind_gaps, engine_blind_gaps = [], [], []
         for i, sample in enumerate(after):

@@ -84,7 +84,8 @@ class FakeGroup:
     def __init__(self, fail: tuple[str, BaseException] | None = None):
         self.fail = fail
 
-    def call(self, method: str, **kwargs) -> list:
+    def call(self, method, **kwargs) -> list:
+        method = method.__name__  # a method of TrainEngine, as TrainGroup.call takes it
         if self.fail and self.fail[0] == method:
             (kwargs.get("out_dir") or kwargs["ds_dir"] / kwargs["tag"]).mkdir(parents=True, exist_ok=True)
             raise self.fail[1]

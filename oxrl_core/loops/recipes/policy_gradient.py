@@ -38,6 +38,7 @@ from oxrl_core.rewards.judge import Judge
 from oxrl_core.rewards.length import overlong_penalty
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 from oxrl_core.rollout.records import Rollout, round_seed
+from oxrl_core.training.engine import TrainEngine
 
 
 class SamplingStopped(Exception):
@@ -357,17 +358,17 @@ class PolicyGradient:
         group, temperature = self.run.group, self.rollout.temperature
         with self.run.position.timed(seconds, "logprobs"):
             if self.alg.critic:
-                scored = group.call("logprobs_and_values", per_rank, temperature=temperature)
+                scored = group.call(TrainEngine.logprobs_and_values, per_rank, temperature=temperature)
                 old = [[logprobs for logprobs, _ in rank] for rank in scored]
                 attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
             else:
-                old = group.call("token_logprobs", per_rank, temperature=temperature)
+                old = group.call(TrainEngine.token_logprobs, per_rank, temperature=temperature)
             attach(per_rank, "old_logprobs", old)
             if self.alg.reference_model(self.settings):
                 attach(
                     per_rank,
                     "ref_logprobs",
-                    group.call("token_logprobs", per_rank, temperature=temperature, reference=True),
+                    group.call(TrainEngine.token_logprobs, per_rank, temperature=temperature, reference=True),
                 )
         return old
 
@@ -377,7 +378,7 @@ class PolicyGradient:
         num_tokens = batch.tokens()
         with self.run.position.timed(seconds, "train"):
             results = self.run.group.call(
-                "train_step",
+                TrainEngine.train_step,
                 per_rank,
                 loss=self.alg.loss,
                 args=self.alg.args(self.settings, batch),

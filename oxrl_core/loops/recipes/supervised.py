@@ -23,6 +23,7 @@ from oxrl_core.data.records import DataReport, load_sft_examples
 from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import collate_sft
 from oxrl_core.loops.harness import Run
+from oxrl_core.training.engine import TrainEngine
 
 LOADERS = {
     "conversations": load_sft_examples,
@@ -94,7 +95,7 @@ class OfflineSupervised:
         items, refs, generated = self.batch(step)
         per_rank, args = self.prepare(items, refs, training=True)
         self.run.position.phase = "train"
-        results = self.run.group.call("train_step", per_rank, loss=self.alg.loss, args=args)
+        results = self.run.group.call(TrainEngine.train_step, per_rank, loss=self.alg.loss, args=args)
         elapsed = time.perf_counter() - start
         sums = summed(results)
         metrics = {
@@ -122,7 +123,7 @@ class OfflineSupervised:
         """The loss's metrics on the held-out data."""
         self.run.position.phase = "eval"
         per_rank, args = self.prepare(self.val_set, self.val_refs, training=False)
-        sums = summed(self.run.group.call("eval_metrics", per_rank, loss=self.alg.loss, args=args))
+        sums = summed(self.run.group.call(TrainEngine.eval_metrics, per_rank, loss=self.alg.loss, args=args))
         result = {f"eval_{k}": v for k, v in self.alg.metrics(sums).items()}
         if set(result) == {"eval_nll"}:  # a loss that is the NLL alone (SFT, CPT) reports it as the eval loss
             result["eval_loss"] = result.pop("eval_nll")
@@ -137,7 +138,7 @@ class OfflineSupervised:
         batches = self.micro_batches(items, refs)
         per_rank = [batches[r :: self.ranks] for r in range(self.ranks)] if training else deal(batches, self.ranks)
         if self.alg.reference_model(self.settings):
-            results = self.run.group.call("token_logprobs", per_rank, reference=True)
+            results = self.run.group.call(TrainEngine.token_logprobs, per_rank, reference=True)
             for rank_batches, rank_logprobs in zip(per_rank, results):
                 for b, logprobs in zip(rank_batches, rank_logprobs):
                     b["ref_logps"] = (logprobs * b["response_mask"]).sum(-1)
@@ -153,7 +154,7 @@ class OfflineSupervised:
 
     def sequence_logps(self, batches: list[dict], reference: bool) -> torch.Tensor:
         """Σ of the response tokens' logprobs of every row of `batches`, in order: [rows]."""
-        results = self.run.group.call("token_logprobs", deal(batches, self.ranks), reference=reference)
+        results = self.run.group.call(TrainEngine.token_logprobs, deal(batches, self.ranks), reference=reference)
         # batch j went to rank j % ranks as its (j // ranks)-th micro-batch
         return torch.cat(
             [(results[j % self.ranks][j // self.ranks] * b["response_mask"]).sum(-1) for j, b in enumerate(batches)]
