@@ -16,7 +16,7 @@ from oxrl_core.config.sections import JudgeSection
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
 from oxrl_core.models.hub import meta_model, resolve_model
-from oxrl_core.training.deepspeed_setup import deepspeed_config
+from oxrl_core.training.deepspeed_setup import deepspeed_config, name_the_accelerator
 from oxrl_core.training.spec import TrainerSpec
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -217,6 +217,7 @@ def check_zero_optimization(config: SLConfig | RLConfig, algorithm: Algorithm) -
     for key in config.deepspeed.zero_optimization:
         if key in owned:
             raise OxrlError(f"deepspeed.zero_optimization.{key}: set {owned[key]} instead")
+    name_the_accelerator()
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # here: DeepSpeed takes seconds to import
 
     try:

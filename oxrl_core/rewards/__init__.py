@@ -27,21 +27,21 @@ REWARDS: dict[str, RewardFn] = {
 REWARD_MODEL_KWARGS = ("path", "batch_size")
 
 
-def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
+def resolve_reward(func: str, kwargs: dict, judge=None) -> RewardFn | None:
     """A shipped reward by name, or any importable `module:function`; kwargs are bound now.
     `reward-model` loads the model now, `judge` (with the run's `reward.judge`) checks its settings and loads the
     judge's tokenizer, and `code` tries its sandbox, so that each fails before any engine starts. `env`: None, the
     environment of a multi-turn run scores each episode itself."""
-    if spec == "env":
+    if func == "env":
         if kwargs:
             raise OxrlError(
                 f"reward.kwargs: {', '.join(sorted(kwargs))} given for reward.func=env, whose environment "
                 f"takes rollout.env.kwargs"
             )
         return None
-    if spec == "reward-model":
+    if func == "reward-model":
         return _reward_model(kwargs)
-    if spec == "judge":
+    if func == "judge":
         if judge is None:
             raise OxrlError("reward.func=judge: an LLM judge scores RL rollouts only (oxrl train rl)")
         if kwargs:
@@ -52,11 +52,11 @@ def resolve_reward(spec: str, kwargs: dict, judge=None) -> RewardFn | None:
         from oxrl_core.rewards.judge import Judge
 
         return Judge(judge)
-    if spec == "code":
+    if func == "code":
         check_sandbox(kwargs.get("sandbox", "jail"))
-    fn = shipped_or_imported(spec, REWARDS, "reward.func", "reward", [*REWARDS, "reward-model", "judge", "env"])
+    fn = shipped_or_imported(func, REWARDS, "reward.func", "reward", [*REWARDS, "reward-model", "judge", "env"])
     if not callable(fn):
-        raise OxrlError(f"reward.func={spec!r}: not a function")
+        raise OxrlError(f"reward.func={func!r}: not a function")
     return partial(fn, **kwargs) if kwargs else fn
 
 

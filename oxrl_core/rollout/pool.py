@@ -53,12 +53,14 @@ class RolloutPool:
         """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
         sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
         one line, `start_error`), then connects them to the trainer for weight refreshes."""
-        r = self.rollout = rollout
+        self.rollout = rollout
         self.group, self.watch = group, reservation.watch
-        self.placement, tp = reservation.placement, r.tensor_parallel_size
+        self.placement, tp = reservation.placement, rollout.tensor_parallel_size
         self.engines, logs = [], []  # engines: each its workers, tensor-parallel rank 0 first
-        max_model_len = r.max_prompt_len + (r.env.max_episode_tokens if r.env.name else r.max_tokens)
-        for e in range(r.engines):
+        max_model_len = rollout.max_prompt_len + (
+            rollout.env.max_episode_tokens if rollout.env.name else rollout.max_tokens
+        )
+        for e in range(rollout.engines):
             options = [reservation.engine_worker_options(e, shard) for shard in range(tp)]
             meeting = reservation.address(options[0]) if tp > 1 else None
             workers = []
@@ -72,9 +74,9 @@ class RolloutPool:
                             model_path,
                             dtype,
                             max_model_len,
-                            r.gpu_memory_utilization,
+                            rollout.gpu_memory_utilization,
                             seed + e,
-                            -(-step_samples // r.engines),
+                            -(-step_samples // rollout.engines),
                             logs[-1],
                             (shard, tp, *meeting) if meeting else None,
                         ),
@@ -89,7 +91,7 @@ class RolloutPool:
         for failure, log in zip(self.watch.get([w.start_failure.remote() for w in self.workers], "engine start"), logs):
             if failure:
                 raise start_error(failure, log)
-        plan, self.bucket_bytes = group.weight_plan()[0], r.weight_bucket_mb * 2**20
+        plan, self.bucket_bytes = group.weight_plan()[0], rollout.weight_bucket_mb * 2**20
         self.weight_buckets = len(buckets(plan, self.bucket_bytes))
         if not self.placement.weights_over_ipc:
             # The broadcast group: trainer rank 0 (its rank 0, where the group meets) and every engine worker.
@@ -118,8 +120,8 @@ class RolloutPool:
         """`n` samples of each prompt (key: prompt i's j-th sample is i * n + j), each with its prompt's `media` (if
         any), of at most `max_tokens` tokens each (each prompt's; default rollout.max_tokens). Each sample has its
         own seed, so a resumed run resamples alike: prompt i's are spaced by n, as vLLM seeds a request of n."""
-        r = self.rollout
-        max_tokens = max_tokens or [r.max_tokens] * len(prompts)
+        rollout = self.rollout
+        max_tokens = max_tokens or [rollout.max_tokens] * len(prompts)
         return [
             SampleRequest(
                 i * n + j,
@@ -127,7 +129,7 @@ class RolloutPool:
                 max_tokens[i],
                 sample_seed(seed_base, i, n, j),
                 temperature,
-                r.top_p,
+                rollout.top_p,
                 tuple(media[i]) if media and media[i] else (),
             )
             for i, ids in enumerate(prompts)

@@ -1,9 +1,17 @@
 """What a run's config makes of DeepSpeed: its config, the models' dtype, the optimizer and its schedule."""
 
+import os
+
 import torch
 
 from oxrl_core.config.sections import ModelSection
 from oxrl_core.training.spec import TrainerSpec
+
+
+def name_the_accelerator() -> None:
+    """Without a GPU, DeepSpeed guesses its accelerator and warns on every import: say it before the process first
+    imports it (a rank's first act; the driver's before it checks DeepSpeed's settings)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def deepspeed_config(spec: TrainerSpec) -> dict:

@@ -22,7 +22,7 @@ from oxrl_core.models.value_head import PolicyWithValueHead
 from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
 from oxrl_core.training.build_locks import wait_for_builds
 from oxrl_core.training.checkpoint import Checkpoints
-from oxrl_core.training.deepspeed_setup import deepspeed_config, deepspeed_engine, model_dtype
+from oxrl_core.training.deepspeed_setup import deepspeed_config, deepspeed_engine, model_dtype, name_the_accelerator
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 from oxrl_core.training.packing import pack, unpack, unpacking
 from oxrl_core.training.publish import WeightPublisher
@@ -37,6 +37,7 @@ class TrainEngine(WeightPublisher, Checkpoints):
         self, spec: TrainerSpec, model_path: str, rank: int, world_size: int, master: tuple[str, int], log_dir: Path
     ):
         """`master`: the address and a free port of rank 0's node, where the ranks meet."""
+        name_the_accelerator()
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         wait_for_builds()  # DeepSpeed may build ops from here on (its CPU collectives, CPU Adam): never on a dead lock

@@ -310,3 +310,18 @@ def test_the_loops_never_look_an_algorithm_up():
         str(i) for i in imports() if i.source.startswith("oxrl_core.loops") and i.target == "oxrl_core.algs.registry"
     ]
     assert found == []
+
+
+def test_importing_a_package_changes_nothing():
+    """A package's `__init__.py` holds its docstring, imports, constants and functions: no statement that acts (sets
+    the environment, starts anything) on `import`."""
+    acting = []
+    for path in sorted(p for package in PACKAGES for p in (REPO / package).rglob("__init__.py")):
+        for node in ast.parse(path.read_text()).body:
+            docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            constant = isinstance(node, (ast.Assign, ast.AnnAssign)) and not any(
+                isinstance(n, ast.Call) for n in ast.walk(node)
+            )
+            if not (docstring or constant or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))):
+                acting.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert acting == []

@@ -42,7 +42,7 @@ def recipe(prompt_rewards: list[list[float]], groups: int, rounds: int, dynamic:
 
     prompts = [SimpleNamespace(record={"id": k, "rewards": rewards}) for k, rewards in enumerate(prompt_rewards)]
     pg = object.__new__(PolicyGradient)
-    pg.alg = SimpleNamespace(name="dapo", dynamic_sampling=dynamic)
+    pg.algorithm = SimpleNamespace(name="dapo", dynamic_sampling=dynamic)
     pg.train = SimpleNamespace(batch_size=groups * N_SAMPLES, seed=0)
     pg.settings = SimpleNamespace(max_sampling_rounds=rounds)
     pg.rollout = SimpleNamespace(n_samples=N_SAMPLES, temperature=1.0)

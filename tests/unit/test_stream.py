@@ -121,7 +121,7 @@ def test_each_group_is_scored_while_the_engines_still_sample_the_others():
             r.reward = 1.0
 
     pg = object.__new__(PolicyGradient)
-    pg.alg = SimpleNamespace(dynamic_sampling=False)
+    pg.algorithm = SimpleNamespace(dynamic_sampling=False)
     pg.train = SimpleNamespace(batch_size=8, seed=0)
     pg.rollout = SimpleNamespace(n_samples=2, temperature=1.0, top_p=1.0)
     prompts = [SimpleNamespace(record={}, prompt_ids=[7], media=()) for _ in range(4)]

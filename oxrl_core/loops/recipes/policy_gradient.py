@@ -81,7 +81,7 @@ class PolicyGradient:
 
     def __init__(self, run: Run):
         """Reads and checks the prompts and the environment (before any engine starts)."""
-        self.run, self.alg, self.train = run, run.algorithm, run.config.train
+        self.run, self.algorithm, self.train = run, run.algorithm, run.config.train
         self.settings = self.train.settings  # the algorithm's own, train.<alg>
         self.rollout, self.env = run.config.rollout, run.config.rollout.env
         env, data = self.env, run.config.data
@@ -167,7 +167,7 @@ class PolicyGradient:
         batches = [b for rank in per_rank for b in rank]
         metrics |= rollout_metrics(rollouts, rewards) | correct(batches, self.settings)
         # 3. advantages
-        ESTIMATORS[self.alg.advantages](batches, self.settings)
+        ESTIMATORS[self.algorithm.advantages](batches, self.settings)
         bad = non_finite(
             rewards=rewards,
             advantages=torch.cat([b["advantages"].flatten() for b in batches]),
@@ -240,7 +240,7 @@ class PolicyGradient:
         made."""
         rollout, step_start, seconds, version = self.rollout, self.sampler.state_dict(), {}, self.policy_version
         needed, kept, refs, generated, dropped = self.train.batch_size // rollout.n_samples, [], [], 0, 0
-        rounds = self.settings.max_sampling_rounds if self.alg.dynamic_sampling else 1
+        rounds = self.settings.max_sampling_rounds if self.algorithm.dynamic_sampling else 1
         try:
             for attempt in range(rounds):
                 drawn = drawn if attempt == 0 and drawn else self.draw(needed - len(kept))
@@ -258,7 +258,7 @@ class PolicyGradient:
                     groups[group[0].group] = group
                 generated += sum(len(r.response_ids) for group in groups for r in group)
                 for ref, group in zip(drawn, groups):
-                    if not self.alg.dynamic_sampling or len({r.reward for r in group}) > 1:
+                    if not self.algorithm.dynamic_sampling or len({r.reward for r in group}) > 1:
                         kept, refs = kept + [group], refs + [tuple(ref)]
                     else:
                         dropped += 1
@@ -266,7 +266,7 @@ class PolicyGradient:
                     break
             else:
                 raise SamplingStopped(
-                    f"dynamic sampling: after {rounds} rounds (train.{self.alg.name}.max_sampling_rounds) only {len(kept)} of the "
+                    f"dynamic sampling: after {rounds} rounds (train.{self.algorithm.name}.max_sampling_rounds) only {len(kept)} of the "
                     f"{needed} prompt groups a step needs had rewards that differ ({dropped} groups scored the same "
                     f"for every sample); use more rounds, or prompts the model solves sometimes but not always"
                 )
@@ -277,7 +277,7 @@ class PolicyGradient:
             for r in samples:
                 r.group = group
         metrics = {"generated_tokens": generated}
-        if self.alg.dynamic_sampling:
+        if self.algorithm.dynamic_sampling:
             metrics |= {"groups_dropped": dropped, "sampling_rounds": attempt + 1}
         return SampledBatch([r for samples in kept for r in samples], refs, version, metrics, seconds)
 
@@ -357,14 +357,14 @@ class PolicyGradient:
         logprobs for a KL term), attached to the micro-batches; the logprobs are also returned."""
         group, temperature = self.run.group, self.rollout.temperature
         with self.run.position.timed(seconds, "logprobs"):
-            if self.alg.critic:
+            if self.algorithm.critic:
                 scored = group.call(TrainEngine.logprobs_and_values, per_rank, temperature=temperature)
                 old = [[logprobs for logprobs, _ in rank] for rank in scored]
                 attach(per_rank, "old_values", [[values for _, values in rank] for rank in scored])
             else:
                 old = group.call(TrainEngine.token_logprobs, per_rank, temperature=temperature)
             attach(per_rank, "old_logprobs", old)
-            if self.alg.reference_model(self.settings):
+            if self.algorithm.reference_model(self.settings):
                 attach(
                     per_rank,
                     "ref_logprobs",
@@ -380,12 +380,12 @@ class PolicyGradient:
             results = self.run.group.call(
                 TrainEngine.train_step,
                 per_rank,
-                loss=self.alg.loss,
-                args=self.alg.args(self.settings, batch),
+                loss=self.algorithm.loss,
+                args=self.algorithm.args(self.settings, batch),
                 temperature=self.rollout.temperature,
                 with_entropy=True,
             )
-        metrics = train_metrics(results, num_tokens, self.alg.metrics)
+        metrics = train_metrics(results, num_tokens, self.algorithm.metrics)
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
             raise RuntimeError(
                 f"step {step}: non-finite loss or gradient after the update; the weights since the last "

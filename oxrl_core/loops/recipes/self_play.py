@@ -26,17 +26,17 @@ class SelfPlaySupervised(OfflineSupervised):
 
     def load(self, path: Path) -> tuple[list, DataReport]:
         data, rollout = self.run.config.data, self.run.config.rollout
-        if self.alg.data == "prompts":
+        if self.algorithm.data == "prompts":
             return load_prompts(path, self.run.tokenizer, rollout.max_prompt_len, data.strict)
         return load_demonstrations(path, self.run.tokenizer, data.max_len, rollout.max_prompt_len, data.strict)
 
     def data_order(self) -> MixedSampler | None:
         """Per iteration (RFT, SPIN), each iteration's set has a sampler of its own, made with the set."""
-        return None if self.alg.per_iteration else super().data_order()
+        return None if self.algorithm.per_iteration else super().data_order()
 
     def batch(self, step: int) -> tuple[list, list[torch.Tensor] | None, dict]:
         train, rollout = self.train, self.run.config.rollout
-        if self.alg.self_play == "best-over-worst":
+        if self.algorithm.self_play == "best-over-worst":
             prompts = [self.train_sets[src][i] for src, i in self.sampler.next_batch(train.batch_size)]
             self.policy_at(step - 1)
             rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, round_seed(train.seed, step), step)
@@ -64,7 +64,7 @@ class SelfPlaySupervised(OfflineSupervised):
         self.policy_at(step - 1)
         train, rollout, max_len = self.train, self.run.config.rollout, self.run.config.data.max_len
         prompts, seed_base = [p for s in self.train_sets for p in s], round_seed(train.seed, k)
-        if self.alg.self_play == "passing":
+        if self.algorithm.self_play == "passing":
             rollouts = self.sample(prompts, rollout.n_samples, rollout.temperature, seed_base, step)
             kept = {
                 (r.group, tuple(r.response_ids)): r for r in rollouts if r.reward >= self.settings.threshold

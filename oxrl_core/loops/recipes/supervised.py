@@ -40,7 +40,7 @@ class OfflineSupervised:
 
     def __init__(self, run: Run):
         """Reads and checks the training and held-out data (before any engine starts)."""
-        self.run, self.alg, self.train = run, run.algorithm, run.config.train
+        self.run, self.algorithm, self.train = run, run.algorithm, run.config.train
         self.settings = self.train.settings  # the algorithm's own, train.<alg>
         self.ranks, self.size = run.config.run.train_ranks, self.train.micro_batch_size
         loaded = [self.load(source.path) for source in run.config.data.train]
@@ -50,7 +50,7 @@ class OfflineSupervised:
             self.val_set, report = self.load(run.config.data.val)
             self.reports.append(report)
         self.has_val = bool(self.val_set)
-        if self.alg.data == "unpaired" and len({u.desirable for s in self.train_sets for u in s}) < 2:
+        if self.algorithm.data == "unpaired" and len({u.desirable for s in self.train_sets for u in s}) < 2:
             run.console.print(
                 "[yellow]warning:[/] every KTO record has the same label; KTO learns from both desirable "
                 "and undesirable examples"
@@ -61,7 +61,7 @@ class OfflineSupervised:
 
     def load(self, path: Path) -> tuple[list, DataReport]:
         data = self.run.config.data
-        return LOADERS[self.alg.data](path, self.run.tokenizer, data.max_len, data.strict)
+        return LOADERS[self.algorithm.data](path, self.run.tokenizer, data.max_len, data.strict)
 
     def data_order(self) -> MixedSampler | None:
         sampler = MixedSampler(
@@ -80,7 +80,7 @@ class OfflineSupervised:
     def start(self) -> None:
         """Reference logprobs computed once by the starting weights (DPO, IPO, KTO with `reference:
         precomputed`), kept in the run folder for a resumed run."""
-        if not self.alg.precomputed_reference(self.settings):
+        if not self.algorithm.precomputed_reference(self.settings):
             return
         if self.run.state:
             self.train_refs, self.val_refs = torch.load(self.run.run_dir / REFERENCE_FILE)
@@ -95,12 +95,12 @@ class OfflineSupervised:
         items, refs, generated = self.batch(step)
         per_rank, args = self.prepare(items, refs, training=True)
         self.run.position.phase = "train"
-        results = self.run.group.call(TrainEngine.train_step, per_rank, loss=self.alg.loss, args=args)
+        results = self.run.group.call(TrainEngine.train_step, per_rank, loss=self.algorithm.loss, args=args)
         elapsed = time.perf_counter() - start
         sums = summed(results)
         metrics = {
             "loss": sums["loss"],
-            **self.alg.metrics(sums),
+            **self.algorithm.metrics(sums),
             **generated,
             "grad_norm": results[0]["grad_norm"],
             "lr": results[0]["lr"],
@@ -109,7 +109,7 @@ class OfflineSupervised:
         }
         if "peak_memory_gb" in results[0]:  # on GPU
             metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
-        if self.alg.kl_baseline:
+        if self.algorithm.kl_baseline:
             metrics["kl_baseline"] = args.kl_baseline
         return metrics
 
@@ -123,8 +123,8 @@ class OfflineSupervised:
         """The loss's metrics on the held-out data."""
         self.run.position.phase = "eval"
         per_rank, args = self.prepare(self.val_set, self.val_refs, training=False)
-        sums = summed(self.run.group.call(TrainEngine.eval_metrics, per_rank, loss=self.alg.loss, args=args))
-        result = {f"eval_{k}": v for k, v in self.alg.metrics(sums).items()}
+        sums = summed(self.run.group.call(TrainEngine.eval_metrics, per_rank, loss=self.algorithm.loss, args=args))
+        result = {f"eval_{k}": v for k, v in self.algorithm.metrics(sums).items()}
         if set(result) == {"eval_nll"}:  # a loss that is the NLL alone (SFT, CPT) reports it as the eval loss
             result["eval_loss"] = result.pop("eval_nll")
         return result
@@ -137,13 +137,13 @@ class OfflineSupervised:
         dealt with filler."""
         batches = self.micro_batches(items, refs)
         per_rank = [batches[r :: self.ranks] for r in range(self.ranks)] if training else deal(batches, self.ranks)
-        if self.alg.reference_model(self.settings):
+        if self.algorithm.reference_model(self.settings):
             results = self.run.group.call(TrainEngine.token_logprobs, per_rank, reference=True)
             for rank_batches, rank_logprobs in zip(per_rank, results):
                 for b, logprobs in zip(rank_batches, rank_logprobs):
                     b["ref_logps"] = (logprobs * b["response_mask"]).sum(-1)
-        kl_baseline = self.kl_baseline(items, refs) if self.alg.kl_baseline else 0.0
-        return per_rank, self.alg.args(self.settings, GlobalBatch(batches, kl_baseline=kl_baseline))
+        kl_baseline = self.kl_baseline(items, refs) if self.algorithm.kl_baseline else 0.0
+        return per_rank, self.algorithm.args(self.settings, GlobalBatch(batches, kl_baseline=kl_baseline))
 
     def micro_batches(self, items: list, refs: list[torch.Tensor] | None) -> list[dict]:
         size = self.size
@@ -178,7 +178,7 @@ class OfflineSupervised:
         batches = self.micro_batches([u.mismatched for u in items], None)
         policy = self.sequence_logps(batches, reference=False)
         reference = self.sequence_logps(batches, reference=True) if refs is None else torch.stack([r[1] for r in refs])
-        return self.alg.kl_baseline(policy, reference)
+        return self.algorithm.kl_baseline(policy, reference)
 
 
 def collate(items: list, refs: list[torch.Tensor] | None, pad_id: int) -> dict:
