@@ -83,8 +83,9 @@ def test_a_yes_probability_judge_rewards_its_p_yes_and_its_engine_dying_mid_run_
     process = subprocess.Popen(
         [str(OXRL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ.copy()
     )
-    deadline = time.monotonic() + 600
-    while not ((run / "judgments.jsonl").is_file() and (run / "judgments.jsonl").stat().st_size):  # step 1 judged
+    deadline, judgments = time.monotonic() + 600, run / "judgments.jsonl"
+    # a judgment of step 2 (step 1 judges its 16 responses group by group as they end): step 1 has finished
+    while not (judgments.is_file() and len(judgments.read_text().splitlines()) > 16):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.5)
     pids = _judge_pids((run / "logs" / "judge.log").resolve())
