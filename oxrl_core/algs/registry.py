@@ -51,6 +51,15 @@ def _records() -> dict:
     return records
 
 
+def taking(key: str, loop: str | None = None) -> list[str]:
+    """The algorithms (of `loop`, or of both) whose settings have `key`: where a refused or moved key belongs."""
+    return [
+        name
+        for name, record in _records().items()
+        if key in record.settings.model_fields and loop in (None, record.loop)
+    ]
+
+
 def __getattr__(name: str):
     if name == "ALGORITHMS":
         return _records()

@@ -138,14 +138,14 @@ def _model_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel]:
 
 def _why_not(model: type[BaseModel], key: str) -> str | None:
     """Why an algorithm's settings have no such key: its definition fixes it, or other algorithms take it."""
-    from oxrl_core.algs.registry import ALGORITHMS
+    from oxrl_core.algs.registry import taking
     from oxrl_core.algs.settings import Settings
 
     if not issubclass(model, Settings):
         return None
     if key in model.fixed:
         return model.fixed[key]
-    takers = [name for name, record in ALGORITHMS.items() if key in record.settings.model_fields]
+    takers = taking(key)
     return f"a setting of --alg {', '.join(takers)}" if takers else None
 
 

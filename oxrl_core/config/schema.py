@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, create_model, model_serializer, model_validator
 
-from oxrl_core.algs.registry import ALGORITHMS, DECLARED, names
+from oxrl_core.algs.registry import ALGORITHMS, DECLARED, names, taking
 from oxrl_core.algs.settings import PositiveInt, Section, Settings
 from oxrl_core.config.sections import (
     DataSection,
@@ -117,7 +117,7 @@ MOVED = {
 
 def moved_setting(old: str, key: str, alg: str, loop: str) -> str:
     """The one line for a setting given where it was before algorithms owned their settings."""
-    takers = [name for name in names(loop) if key in ALGORITHMS[name].settings.model_fields]
+    takers = taking(key, loop)
     if alg in takers:
         return f"{old}: moved to train.{alg}.{key} (each algorithm's settings are its own block, train.<alg>)"
     return (

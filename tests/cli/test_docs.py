@@ -13,6 +13,7 @@ from doc_pages import DOCS, PAGES, REPO, blocks, commands, quickstart_lines
 from typer.main import get_command
 
 from oxrl_core.config.reference import END, START, reference_markdown
+from oxrl_core.resolve.run import merged
 
 README = (REPO / "README.md").read_text()
 CONFIG_SECTIONS = {"model", "lora", "data", "train", "rollout", "reward", "deepspeed", "run"}
@@ -141,19 +142,12 @@ def test_every_json_line_and_config_fragment_a_page_shows_parses():
         errors = []
         for schema, example in examples:
             try:
-                validate(schema, _merged(example, fragment))
+                validate(schema, merged(example, fragment))
                 break
             except OxrlError as e:
                 errors.append(str(e))
         else:
             raise AssertionError(f"{block.where}: {errors}")
-
-
-def _merged(config: dict, fragment: dict) -> dict:
-    out = dict(config)
-    for key, value in fragment.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def test_every_python_snippet_a_page_shows_runs(tmp_path):
