@@ -52,7 +52,8 @@ from rich.console import Console
 
 from oxrl_core.data.records import prompt_messages
 from oxrl_core.loops.train import train
-from oxrl_core.models.tiny import VISION_TOKENS, build_tiny_model
+from oxrl_core.models.families.qwen2_vl import VISION_TOKENS
+from oxrl_core.models.tiny import build_tiny_model
 from oxrl_core.resolve.run import resolve_run
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16

@@ -19,6 +19,12 @@ def onboard(
     verify: bool = typer.Option(
         False, "--verify", help="Run one SFT step and one RL step on the model and record it as verified."
     ),
+    mark_registry: Path = typer.Option(
+        None,
+        "--mark-registry",
+        help="With --verify: once it passes, also mark every entry in this folder of the same architecture verified "
+        "(the shipped registry is kept so, from each family's tiny model).",
+    ),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="Run model code shipped with the repository (off unless you trust it)."
     ),
@@ -27,7 +33,7 @@ def onboard(
     ),
 ) -> None:
     """Scout a model (config and tokenizer only, never the weights), write its registry entry and SFT/RL configs."""
-    from oxrl_core.model_registry.schema import entry_file_name, registry_entries, write_entry
+    from oxrl_core.model_registry.schema import entry_file_name, mark_verified, registry_entries, write_entry
 
     console = Console()
     if list_:
@@ -35,6 +41,8 @@ def onboard(
         return
     if model is None:
         raise OxrlError("oxrl onboard: give a Hub id (org/name) or a model folder, or --list")
+    if mark_registry is not None and not (verify and mark_registry.is_dir()):
+        raise OxrlError(f"--mark-registry {mark_registry}: needs --verify and an existing folder of registry entries")
     from oxrl_core.model_registry.configs import write_configs
     from oxrl_core.model_registry.scout import scout
 
@@ -58,6 +66,9 @@ def onboard(
 
         entry = verify_steps(entry, *configs, console)
         entry_path = write_entry(entry, out)
+        if mark_registry is not None:
+            for path in mark_verified(entry, mark_registry):
+                console.print(f"marked verified: {path}", soft_wrap=True, highlight=False, markup=False)
     written = [f"entry {entry_path} ({entry.status})", *(f"config {path}" for path in configs)]
     console.print("\n".join(written), soft_wrap=True, highlight=False, markup=False)  # paths print verbatim
 

@@ -27,7 +27,8 @@ def tokenize_sft(messages: list[dict], tokenizer, max_len: int, tools: list[dict
 
     An assistant turn's tokens are what rendering the conversation through it adds
     to rendering the turns before it with the generation prompt: its content, the
-    end-of-turn token and whatever the template puts after it (as TRL does).
+    end-of-turn token and whatever the template puts after it (as TRL does), up to
+    where the rendering of the whole conversation goes on otherwise.
     """
     return _tokenize_trained_turns(messages, 0, tokenizer, max_len, tools)
 
@@ -49,22 +50,26 @@ def _tokenize_trained_turns(
     """The templated conversation through its last trained turn: the assistant turns from `first_trained` on."""
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat template; SFT records are rendered with it")
-    input_ids: list[int] = []
-    target_mask: list[int] = []
-    last = 0
-    for i, message in enumerate(messages):
-        if i < first_trained or message["role"] != "assistant":
-            continue
-        last = i
+    trained = [i for i, m in enumerate(messages) if i >= first_trained and m["role"] == "assistant"]
+    if not trained:
+        raise ValueError("no assistant message to train on")
+    last = trained[-1]
+    input_ids = chat_template_ids(tokenizer, messages[: last + 1], add_generation_prompt=False, tools=tools)
+    target_mask = [0] * len(input_ids)
+    for i in trained:
         before = chat_template_ids(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
         through = chat_template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False, tools=tools)
-        if through[: len(before)] != before or before[: len(input_ids)] != input_ids:
+        if input_ids[: len(before)] != before or through[: len(before)] != before:
             raise ValueError(
                 "the chat template is not prefix-consistent: rendering a conversation does not start with the "
                 "rendering of its earlier turns (e.g. it rewrites earlier turns), so assistant turns cannot be masked"
             )
-        target_mask += [0] * (len(before) - len(input_ids)) + [1] * (len(through) - len(before))
-        input_ids = through
+        # the turn ends where the whole conversation's rendering goes on otherwise than this turn's alone: a
+        # template may close a rendering with tokens it does not put between turns (Phi-3's EOS)
+        end = len(before)
+        while end < len(through) and end < len(input_ids) and through[end] == input_ids[end]:
+            end += 1
+        target_mask[len(before) : end] = [1] * (end - len(before))
     if 1 not in target_mask:
         raise ValueError("no assistant message to train on")
     media = tuple(message_media(messages[: last + 1]))

@@ -35,7 +35,6 @@ from oxrl_core.rollout.records import Rollout
 from oxrl_core.tracking.console import training_progress
 from oxrl_core.tracking.mlflow_log import MlflowLog, flatten, tracking_uri
 from oxrl_core.training.build_locks import wait_for_builds
-from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.engine import TrainEngine
 from oxrl_core.training.group import TrainGroup
 
@@ -161,6 +160,8 @@ def run_recipe(
             console.print(
                 f"placement: {reservation.record(run_dir, run.group.ranks, run.pool.engines if run.pool else [])}"
             )
+            for note in resolved.notes:
+                console.print(f"note: {note}", highlight=False, soft_wrap=True)
             if isinstance(reward_fn, Judge):  # started once, beside the rollout engines; never refreshed
                 reward_fn.start(reservation, run_dir, config.train.batch_size)
             if state:
@@ -193,11 +194,10 @@ def start_actors(
     if not resolved.algorithm.generates:
         return group, None
     step_samples = config.train.batch_size * (1 if isinstance(config, RLConfig) else config.rollout.n_samples)
-    dtype = str(model_dtype(config.model)).removeprefix("torch.")
     return group, RolloutPool(
         config.rollout,
         model_path,
-        dtype,
+        resolved.sampler_dtype,
         config.train.seed,
         step_samples,
         config.run.hang_timeout_s,

@@ -53,14 +53,33 @@ class RegistryEntry(BaseModel):
     status: Literal["config-ready", "verified"] = "config-ready"
     verified_date: date | None = Field(None, strict=False)  # YAML may hold it as a date or an ISO string
     verified_versions: dict[str, str] | None = None
+    verified_by: str | None = Field(
+        None,
+        description="The model --verify ran, its scale and the machine: the entry's own, or its family's tiny one.",
+    )
+    verified_gap: dict[str, float | str] | None = Field(
+        None,
+        description="The sampler-trainer gap --verify measured (mean |log p| per response token): from the "
+        "checkpoint, after a refresh, and the engines' dtype.",
+    )
+
+    unverified_because: str | None = Field(
+        None, description="Why a shipped entry is not verified, in a line; only an entry that is not verified has it."
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.active_params is not None and self.active_params > self.params:
             raise ValueError(f"active_params={self.active_params} is more than params={self.params}")
         verified = self.status == "verified"
-        if verified != (self.verified_date is not None) or verified != (self.verified_versions is not None):
-            raise ValueError("status verified needs verified_date and verified_versions, and only it may have them")
+        records = (self.verified_date, self.verified_versions, self.verified_by, self.verified_gap)
+        if any(verified != (record is not None) for record in records):
+            raise ValueError(
+                "status verified needs verified_date, verified_versions, verified_by and verified_gap, and only it "
+                "may have them"
+            )
+        if verified and self.unverified_because:
+            raise ValueError("a verified entry has no unverified_because")
         return self
 
 
@@ -84,6 +103,20 @@ def write_entry(entry: RegistryEntry, folder: Path) -> Path:
     path = folder / entry_file_name(entry.model)
     path.write_text(yaml.safe_dump(entry.model_dump(mode="json"), sort_keys=False))
     return path
+
+
+def mark_verified(verified: RegistryEntry, folder: Path) -> list[Path]:
+    """Mark every entry in `folder` of `verified`'s architecture verified as it was (how the shipped registry is kept:
+    an architecture verified on its tiny model verifies the entries of that architecture); their paths."""
+    record = verified.model_dump(
+        include={"status", "verified_date", "verified_versions", "verified_by", "verified_gap"}
+    )
+    marked = []
+    for path in sorted(folder.glob("*.yaml")):
+        entry = load_entry(path)
+        if entry.architecture == verified.architecture and entry.model != verified.model:
+            marked.append(write_entry(entry.model_copy(update=record | {"unverified_because": None}), folder))
+    return marked
 
 
 def registry_entries(local_dir: Path) -> list[RegistryEntry]:

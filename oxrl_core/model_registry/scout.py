@@ -23,6 +23,7 @@ from oxrl_core.data.sft import tokenize_sft
 from oxrl_core.errors import OxrlError
 from oxrl_core.model_registry.schema import RegistryEntry
 from oxrl_core.models.hub import meta_model
+from oxrl_core.models.tiny import TINY_MODELS, resolve_tiny_model
 
 FULL_BYTES_PER_PARAM = 16
 ACTIVATION_OVERHEAD = 1.2
@@ -139,6 +140,8 @@ def scout(model: str, trust_remote_code: bool = False) -> ScoutReport:
 
 def _locate(model: str) -> tuple[Path, str]:
     """(a folder holding the model's config files, the name the entry records)."""
+    if model in TINY_MODELS:  # a family's tiny model, built here on first use
+        return resolve_tiny_model(model), model
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

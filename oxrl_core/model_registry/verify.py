@@ -1,4 +1,10 @@
-"""`oxrl onboard --verify`: one SFT step and one RL step on the model, through the same code as `oxrl train`."""
+"""`oxrl onboard --verify`: one SFT step and two RL steps on the model, through the same code as `oxrl train`.
+
+The RL run trains LoRA adapters on the entry's own targets, and its second step samples from the weights the first
+step's refresh sent to the engines. Each step measures the sampler-trainer gap, the mean |log p_vLLM - log p_trainer|
+over the response tokens: at step 1 it checks that vLLM reads the model's checkpoint as the trainer does, at step 2
+that the refresh puts every trained weight where vLLM reads it. It must stay within GAP_BOUND for the engines' dtype.
+"""
 
 import math
 import tempfile
@@ -21,20 +27,37 @@ SFT_STEP = [
     "train.grad_accum=1",
     "data.val=null",
 ]
-RL_STEP = [
-    "train.steps=1",
+# Two steps, the second sampled after a refresh. The reward varies between any model's samples (digit_share), and
+# the learning rate moves every adapter weight by about 1e-3 (Adam's first step), so the refresh carries weights the
+# engines do not have: one it left out, or put elsewhere, moves the sampler off the trainer.
+RL_STEPS = [
+    "train.steps=2",
     "run.train_ranks=1",
-    "train.batch_size=4",
-    "train.micro_batch_size=4",
+    "train.batch_size=8",
+    "train.micro_batch_size=8",
     "train.grad_accum=1",
-    "rollout.n_samples=2",
+    "train.lr=1e-3",
+    "rollout.n_samples=4",
     "rollout.max_tokens=16",
+    "reward.func=oxrl_core.model_registry.verify:digit_share",
+    "lora.enabled=true",
     "data.val=null",
 ]
+# Mean |log p_vLLM - log p_trainer| per response token, at most. Float32 engines agree with the trainer to ~1e-6 on
+# the tiny models (other kernels, other summation orders); bf16 engines (Qwen3.5's on CPU) round every weight and
+# activation to 8 bits of mantissa, ~1e-2. A weight loaded into the wrong place gives gaps of 0.1 and more.
+GAP_BOUND = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+
+
+def digit_share(response: str, sample: dict) -> float:
+    """The share of the response's characters that are digits: a reward that differs between samples of any model,
+    trained or random, so that a step's advantages are not all zero."""
+    return sum(c.isdigit() for c in response) / max(len(response), 1)
 
 
 def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Console) -> RegistryEntry:
-    """The entry marked verified with today's date and the versions used; OxrlError if a step fails."""
+    """The entry marked verified with today's date, the versions used and the gaps measured; OxrlError if a step
+    fails or a gap passes its bound."""
     from oxrl_core.loops.train import train  # here: the loops import torch and Ray, which `oxrl onboard` need not
 
     with tempfile.TemporaryDirectory(prefix="oxrl-verify-") as runs:  # the checkpoints are not kept
@@ -42,15 +65,41 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
         sft = train(resolve_run("sl", sft_config, [*SFT_STEP, f"run.output_dir={runs}"]), resume=False, console=console)
         if not math.isfinite(sft["last_loss"]):
             raise OxrlError(f"--verify: the SFT step on {entry.model} gave loss {sft['last_loss']}")
-        console.rule(f"verify 2/2: one RL step on {entry.model}")
-        rl = train(resolve_run("rl", rl_config, [*RL_STEP, f"run.output_dir={runs}"]), resume=False, console=console)
-        if [h["step"] for h in rl["history"]] != [1] or not math.isfinite(rl["history"][0]["loss"]):
-            raise OxrlError(
-                f"--verify: the RL step on {entry.model} did not finish with a finite loss: {rl['history']}"
-            )
+        console.rule(f"verify 2/2: two RL steps on {entry.model}, LoRA on {', '.join(entry.lora_targets)}")
+        targets = f"lora.target_modules=[{', '.join(entry.lora_targets)}]"
+        run = resolve_run("rl", rl_config, [*RL_STEPS, targets, f"run.output_dir={runs}"])
+        history = train(run, resume=False, console=console)["history"]
+    if [h["step"] for h in history] != [1, 2] or not all(math.isfinite(h["loss"]) for h in history):
+        raise OxrlError(f"--verify: the RL steps on {entry.model} did not finish with finite losses: {history}")
+    gaps = [h["logprob_gap_abs"] for h in history]
+    bound = GAP_BOUND[run.sampler_dtype]
+    if not all(gap <= bound for gap in gaps):
+        raise OxrlError(
+            f"--verify: the sampler-trainer gap on {entry.model} is {gaps[0]:.2e} at step 1 (vLLM's reading of the "
+            f"checkpoint) and {gaps[1]:.2e} at step 2 (after a refresh), mean |log p| per response token; at most "
+            f"{bound:.0e} for {run.sampler_dtype} engines: the model's weights do not reach vLLM as the trainer has them"
+        )
     return entry.model_copy(
-        update={"status": "verified", "verified_date": date.today(), "verified_versions": _versions()}
+        update={
+            "status": "verified",
+            "verified_date": date.today(),
+            "verified_versions": _versions(),
+            "verified_by": f"{_name(entry.model)} ({entry.architecture}, {entry.params / 1e6:,.1f}M parameters) on "
+            f"{_device()}",
+            "verified_gap": {"checkpoint": gaps[0], "refresh": gaps[1], "sampler_dtype": run.sampler_dtype},
+        }
     )
+
+
+def _name(model: str) -> str:
+    """A Hub id, or a local folder's name (a tiny model's, e.g. oxrl-tiny-llama)."""
+    return Path(model).name if Path(model).is_absolute() else model
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
 def _versions() -> dict[str, str]:

@@ -45,6 +45,13 @@ def is_multimodal(model_path: str) -> bool:
     return is_multimodal_config(AutoConfig.from_pretrained(model_path))
 
 
+def model_type(model_path: str) -> str:
+    """The `model_type` in a model's config.json (a folder, or a Hub id as resolve_model gives it), no code run."""
+    from transformers import PretrainedConfig
+
+    return PretrainedConfig.get_config_dict(model_path)[0]["model_type"]
+
+
 def is_multimodal_config(config) -> bool:
     """Whether a model's config has an encoder for images or audio beside its language model."""
     return any(getattr(config, name, None) is not None for name in ("vision_config", "audio_config"))

@@ -15,7 +15,10 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.placement import PlacementRequest
 from oxrl_core.config.load import apply_override, read_tree, validate
 from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.models.families import family_of
+from oxrl_core.models.hub import model_type
 from oxrl_core.resolve.checks import check_config, placement_request, trainer_spec
+from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.spec import TrainerSpec
 
 
@@ -26,6 +29,8 @@ class ResolvedRun:
     model_path: str  # model.name_or_path as a local folder
     placement: PlacementRequest  # what the run asks of the cluster
     trainer: TrainerSpec  # what the trainer ranks are told
+    sampler_dtype: str  # the vLLM engines': the trainer's, unless vLLM's CPU kernels need another for the family
+    notes: tuple[str, ...]  # what the run does otherwise than its config says, for its model's family: said at start
 
 
 def resolve_run(
@@ -51,9 +56,17 @@ def resolved(config: SLConfig | RLConfig) -> ResolvedRun:
     """The run of a validated config (a benchmark's or a test's, built in Python), checked."""
     algorithm = ALGORITHMS[config.train.alg]
     model_path = check_config(config, algorithm)
-    return ResolvedRun(
-        config, algorithm, model_path, placement_request(config, algorithm), trainer_spec(config, algorithm)
-    )
+    family = family_of(model_type(model_path))
+    dtype = str(model_dtype(config.model)).removeprefix("torch.")
+    sampler_dtype, notes = dtype, ()
+    if family and family.cpu_sampler_dtype and algorithm.generates and not torch.cuda.is_available():
+        sampler_dtype = family.cpu_sampler_dtype
+        if sampler_dtype != dtype:
+            notes = (
+                f"the vLLM engines run {sampler_dtype} (vLLM's CPU kernels for it take no other), the trainer {dtype}",
+            )
+    placement = placement_request(config, algorithm)
+    return ResolvedRun(config, algorithm, model_path, placement, trainer_spec(config, algorithm), sampler_dtype, notes)
 
 
 def this_machines_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:

@@ -4,6 +4,7 @@ import inspect
 
 import torch
 
+from oxrl_core.models.families import Family, family_of
 from oxrl_core.models.tokenizer import load_tokenizer
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.fused_head import LogprobsHead
@@ -13,10 +14,13 @@ from oxrl_core.training.spec import TrainerSpec
 from oxrl_core.training.zero3 import gather_by_block, repeated_blocks, rope_in_float32, torch_linear
 
 
-def load_options(spec: TrainerSpec, packed: bool) -> dict:
+def load_options(spec: TrainerSpec, packed: bool, family: Family | None) -> dict:
     """`from_pretrained`'s arguments for every model of the run: its dtype, its attention (packed rows: the
-    variable-length kernel; `varlen` otherwise means sdpa) and whether remote code may run."""
+    variable-length kernel; `varlen` otherwise means sdpa; the one its family's trainer must use) and whether remote
+    code may run."""
     attention = PACKED_ATTENTION if packed else spec.model.attn_implementation.replace("varlen", "sdpa")
+    if family and family.trainer_attention:
+        attention = family.trainer_attention
     return dict(
         dtype=model_dtype(spec.model), attn_implementation=attention, trust_remote_code=spec.model.trust_remote_code
     )
@@ -26,7 +30,11 @@ def pretrained(path: str, multimodal: bool, load: dict) -> torch.nn.Module:
     """The language model at `path`: a multimodal one reads images or audio beside the tokens."""
     from transformers import AutoModelForCausalLM, AutoModelForMultimodalLM
 
-    return (AutoModelForMultimodalLM if multimodal else AutoModelForCausalLM).from_pretrained(path, **load)
+    model = (AutoModelForMultimodalLM if multimodal else AutoModelForCausalLM).from_pretrained(path, **load)
+    family = family_of(model.config.model_type)
+    if load["attn_implementation"] == PACKED_ATTENTION and family and family.prepare_packed:
+        family.prepare_packed(model)
+    return model
 
 
 def pretrained_policy(model_path: str, multimodal: bool, reward_model: bool, load: dict) -> torch.nn.Module:
@@ -115,7 +123,8 @@ def frozen_model(path: str, multimodal: bool, load: dict, zero3: bool, ds_config
 def media_encoder(model: torch.nn.Module) -> torch.nn.Module:
     """The image or audio encoder of a multimodal model (Qwen-VL's with its merger into the language model's width;
     Idefics3's and Qwen2-Audio's without their projector)."""
-    inner = getattr(model, "model", model)
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA's PeftModel
+    inner = getattr(causal_lm, "model", causal_lm)
     for name in ENCODER_NAMES:
         if hasattr(inner, name):
             return getattr(inner, name)

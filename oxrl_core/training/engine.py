@@ -17,7 +17,8 @@ from oxrl_core.algs.base import BatchLoss, LossArgs
 from oxrl_core.cluster.process import redirect_output
 from oxrl_core.cluster.watchdog import collective_timeout
 from oxrl_core.data.media import media_policy
-from oxrl_core.models.hub import is_multimodal, resolve_model
+from oxrl_core.models.families import family_of
+from oxrl_core.models.hub import is_multimodal, model_type, resolve_model
 from oxrl_core.models.value_head import PolicyWithValueHead
 from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
 from oxrl_core.training.build_locks import wait_for_builds
@@ -55,9 +56,16 @@ class TrainEngine(WeightPublisher, Checkpoints):
         self.reward_model = spec.scalar_head
         # A model that reads images or audio: its processor makes each micro-batch's encoder inputs (data/media.py)
         self.multimodal, self.model_path = is_multimodal(model_path), model_path
-        # Packed rows would need M-RoPE's 3-D positions per packed sequence: multimodal models run padded.
-        self.packed = spec.model.attn_implementation == "varlen" and not self.reward_model and not self.multimodal
-        load = load_options(spec, self.packed)
+        # Packed rows would need M-RoPE's 3-D positions per packed sequence: multimodal models run padded, as do the
+        # families whose trainer needs an attention of its own (Gemma 2's eager).
+        family = family_of(model_type(model_path))
+        self.packed = (
+            spec.model.attn_implementation == "varlen"
+            and not self.reward_model
+            and not self.multimodal
+            and not (family and family.trainer_attention)
+        )
+        load = load_options(spec, self.packed, family)
         model = pretrained_policy(model_path, self.multimodal, self.reward_model, load)
         model, self.policy_head = trainable_policy(model, spec, self.multimodal, self.zero3, self.reward_model, on_gpu)
         self.critic = spec.critic

@@ -122,9 +122,12 @@ class LogprobsHead(nn.Module):
     @classmethod
     def replace_output_layer(cls, causal_lm: nn.Module) -> "LogprobsHead | None":
         """Put a LogprobsHead in place of `causal_lm`'s output layer (before DeepSpeed wraps it) when that is a plain
-        nn.Linear without bias (Qwen, Llama); None otherwise (a LoRA adapter on it, a bias): those keep the logits."""
+        nn.Linear without bias (Qwen, Llama); None otherwise (a LoRA adapter on it, a bias, logits the model changes
+        after it: Gemma 2's soft-capping): those keep the logits."""
         layer = causal_lm.get_output_embeddings()
         if type(layer) is not nn.Linear or layer.bias is not None:
+            return None
+        if getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None):
             return None
         head = cls(layer.weight)
         causal_lm.set_output_embeddings(head)

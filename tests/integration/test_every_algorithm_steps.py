@@ -15,6 +15,7 @@ import pytest
 
 from oxrl_core.algs.registry import ALGORITHMS, RL_ALGS, SL_ALGS
 from oxrl_core.cluster.ports import free_port
+from oxrl_core.models.tiny import resolve_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +116,44 @@ def test_each_multimodal_family_takes_an_optimizer_step_on_its_media_with_each_l
     assert step["weights_moved"] == pytest.approx(metrics["lr"], rel=0.05), metrics
     if alg == "cispo":
         assert metrics["accuracy"] == 0.5 and metrics["policy_version"] == 1, metrics
+
+
+# Each text and hybrid family of the registry (models/families/) under a preference loss and an RL loss: its template
+# renders the examples' records, its masks, its model class under the rank's forward (packed where it packs), its
+# LoRA-free full-weight step. The vLLM side of each is `oxrl onboard --verify` (tests/integration/test_families.py).
+FAMILY_MODELS = {
+    "oxrl-tiny-llama": "",
+    "oxrl-tiny-mistral": "",
+    "oxrl-tiny-gemma2": "",
+    "oxrl-tiny-gemma3": "",
+    "oxrl-tiny-phi3": "",
+    "oxrl-tiny-qwen3": "",
+    "oxrl-tiny-qwen2-5-vl": "vlm_",
+    "oxrl-tiny-qwen3-5": "vlm_",
+}
+FAMILY_ALGS = ("dpo", "cispo")
+
+
+@pytest.fixture(scope="module")
+def family_steps(tmp_path_factory) -> dict:
+    entries = {
+        (model, alg): f"{alg}:{prefix}{alg}_tiny:{resolve_tiny_model(model)}"
+        for model, prefix in FAMILY_MODELS.items()
+        for alg in FAMILY_ALGS
+    }
+    results = one_step_each(tmp_path_factory.mktemp("one-step-families"), "unused", list(entries.values()))
+    return {key: results[entry] for key, entry in entries.items()}
+
+
+@pytest.mark.parametrize("model", FAMILY_MODELS)
+@pytest.mark.parametrize("alg", FAMILY_ALGS)
+def test_each_family_takes_a_preference_and_an_rl_step_through_the_rank(family_steps, model, alg):
+    step = family_steps[model, alg]
+    metrics = step["metrics"]
+    assert math.isfinite(metrics["loss"]) and 0 < metrics["grad_norm"] < math.inf, metrics
+    assert step["weights_moved"] == pytest.approx(metrics["lr"], rel=0.05), metrics
+    if alg == "dpo":
+        assert PAIR_METRICS <= metrics.keys(), metrics
+    else:
+        assert metrics["accuracy"] == 0.5 and metrics["policy_version"] == 1, metrics
+    assert step["trained_on_media"] == (FAMILY_MODELS[model] == "vlm_")

@@ -60,7 +60,7 @@ def test_builds_are_identical_and_leave_the_callers_random_state_alone(tmp_path,
 
 
 def test_a_complete_build_is_reused_and_a_lost_race_keeps_the_winner(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(tiny, "_write_model", lambda folder: pytest.fail("rebuilt a complete build"))
+    monkeypatch.setitem(tiny.TINY_MODELS, "oxrl-tiny", lambda folder: pytest.fail("rebuilt a complete build"))
     assert build_tiny_model(tiny_model_dir) == tiny_model_dir
 
     target = tmp_path / "oxrl-tiny"
@@ -69,13 +69,13 @@ def test_a_complete_build_is_reused_and_a_lost_race_keeps_the_winner(tmp_path, t
         shutil.copytree(tiny_model_dir, target)
         (folder / "config.json").write_text("{}")
 
-    monkeypatch.setattr(tiny, "_write_model", another_builder_finishes_first)
+    monkeypatch.setitem(tiny.TINY_MODELS, "oxrl-tiny", another_builder_finishes_first)
     assert build_tiny_model(target) == target
     assert (target / "model.safetensors").is_file() and [p.name for p in tmp_path.iterdir()] == ["oxrl-tiny"]
 
 
 def test_a_folder_that_is_not_a_build_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(tiny, "_write_model", lambda folder: (folder / "config.json").write_text("{}"))
+    monkeypatch.setitem(tiny.TINY_MODELS, "oxrl-tiny", lambda folder: (folder / "config.json").write_text("{}"))
     (tmp_path / "oxrl-tiny").mkdir()
     (tmp_path / "oxrl-tiny" / "notes.txt").write_text("mine")
     with pytest.raises(OxrlError, match="holds no complete oxrl-tiny build"):

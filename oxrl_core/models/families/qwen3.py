@@ -1,0 +1,36 @@
+"""Qwen3 dense (Qwen3-0.6B to 8B): `Qwen3ForCausalLM`, Qwen2's blocks with RMS norms on queries and keys per head
+and no attention bias; tied embeddings, as the 0.6B model.
+
+Chat: ChatML (`<|im_start|>role\\n` + content + `<|im_end|>\\n`), system allowed, `<|im_end|>` ends generation.
+"""
+
+from pathlib import Path
+
+from oxrl_core.models.families.base import TEXT_WIDTHS, Family, save_seeded
+from oxrl_core.models.families.qwen2 import chatml_ids, chatml_tokenizer
+
+
+def build(folder: Path) -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = chatml_tokenizer()
+    tokenizer.save_pretrained(folder)
+    config = Qwen3Config(
+        **TEXT_WIDTHS,
+        **chatml_ids(tokenizer),
+        vocab_size=len(tokenizer),
+        head_dim=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
+    save_seeded(Qwen3ForCausalLM, config, folder)
+
+
+FAMILY = Family(
+    model_types=("qwen3",),
+    tiny_model="oxrl-tiny-qwen3",
+    build=build,
+    chat="ChatML; system allowed",
+)
