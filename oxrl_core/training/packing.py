@@ -71,14 +71,16 @@ def varlen_attention(
     cu_seq_lens_q: torch.Tensor | None = None,
     max_length_q: int | None = None,
     is_causal: bool = True,
+    sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface for sequences laid end to end: query [1, Hq, N, D], key and value
     [1, Hkv, N, D] -> [1, N, Hq, D], attention within each sequence of `cu_seq_lens_q`: causal in a decoder's packed
-    row, both ways among a vision tower's patches (`is_causal=False`: an image, or a window of one)."""
+    row, both ways among a vision tower's patches (`is_causal=False`: an image, or a window of one); a sliding-window
+    layer's query (Gemma 2 and 3, Mistral's first models) sees the `sliding_window` - 1 tokens before it and itself."""
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # flash attention's dtypes
-        out = flash_varlen_attention(q, k, v, cu_seq_lens_q, max_length_q, scaling, is_causal)
+        out = flash_varlen_attention(q, k, v, cu_seq_lens_q, max_length_q, scaling, is_causal, sliding_window)
     else:
         bounds = cu_seq_lens_q.tolist()
         out = torch.cat(
@@ -87,7 +89,8 @@ def varlen_attention(
                     q[a:b].transpose(0, 1),
                     k[a:b].transpose(0, 1),
                     v[a:b].transpose(0, 1),
-                    is_causal=is_causal,
+                    attn_mask=_band(b - a, sliding_window, q.device) if sliding_window else None,
+                    is_causal=is_causal and not sliding_window,
                     scale=scaling,
                     enable_gqa=True,
                 ).transpose(0, 1)
@@ -95,6 +98,12 @@ def varlen_attention(
             ]
         )
     return out[None], None
+
+
+def _band(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """Causal attention within a sliding window, [length, length] bool: query i sees keys i - window < j <= i."""
+    distance = torch.arange(length, device=device)[:, None] - torch.arange(length, device=device)[None]
+    return (distance >= 0) & (distance < window)
 
 
 def flash_varlen_attention(
@@ -105,6 +114,7 @@ def flash_varlen_attention(
     max_length: int,
     scale: float | None,
     causal: bool = True,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Flash attention over the sequences of `cu_seq_lens`: q [N, Hq, D], k and v [N, Hkv, D] -> [N, Hq, D].
     Grouped-query heads go in as they are, each key/value head serving its group of query heads (a copy of k and v per
@@ -118,7 +128,7 @@ def flash_varlen_attention(
         max_length,
         max_length,
         scale=scale,
-        window_size=(-1, 0) if causal else (-1, -1),
+        window_size=(sliding_window - 1 if sliding_window else -1, 0) if causal else (-1, -1),
         **GROUPED_QUERY,
     )
 

@@ -81,8 +81,10 @@ def test_list_prints_every_shipped_model(oxrl, tmp_path):
     assert result.returncode == 0, result.stderr
     shipped = [load_entry(path) for path in SHIPPED_DIR.glob("*.yaml")]
     assert f"{len(shipped)} models" in result.stdout
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
     for entry in shipped:
-        assert entry.model in result.stdout, entry.model
+        status = f"verified {entry.verified_date}" if entry.status == "verified" else entry.status
+        assert status in rows[entry.model], rows.get(entry.model)
 
 
 @pytest.mark.integration

@@ -252,3 +252,44 @@ def test_console_script_merges_with_the_given_base_and_dtype_and_reports_it(oxrl
     assert "CAUSAL_LM, 6 LoRA layers" in result.stdout and "max |merged - adapter-applied| logit" in result.stdout
     assert "bfloat16" in result.stdout and "model.safetensors" in result.stdout
     assert {t.dtype for t in load_file(tmp_path / "merged" / "model.safetensors").values()} == {torch.bfloat16}
+
+
+FAMILY_MODELS = [
+    "oxrl-tiny-llama",
+    "oxrl-tiny-mistral",
+    "oxrl-tiny-gemma2",
+    "oxrl-tiny-gemma3",
+    "oxrl-tiny-phi3",
+    "oxrl-tiny-qwen3",
+    "oxrl-tiny-qwen2-5-vl",
+    "oxrl-tiny-qwen3-5",
+]
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_each_family_s_adapter_on_its_registry_targets_merges_into_the_adapter_applied_logits(name, tmp_path):
+    """On the targets `oxrl onboard` writes into the family's entry (Phi-3's fused qkv_proj and gate_up_proj,
+    Qwen3.5's DeltaNet projections), the merged model is the adapter-applied one."""
+    from transformers import AutoModelForMultimodalLM
+
+    from oxrl_core.model_registry.scout import scout
+    from oxrl_core.models.tiny import resolve_tiny_model
+
+    base_dir = resolve_tiny_model(name)
+    targets = scout(str(base_dir)).entry.lora_targets
+    auto = AutoModelForMultimodalLM if name in ("oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5") else AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = get_peft_model(
+        auto.from_pretrained(base_dir, dtype=torch.float32), LoraConfig(r=R, lora_alpha=ALPHA, target_modules=targets)
+    )
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "lora_B" in param_name:
+                param.normal_(std=0.05)
+    model.save_pretrained(tmp_path / "lora")
+    report = merge_adapter(tmp_path / "lora", tmp_path / "merged")
+    ids = AutoTokenizer.from_pretrained(base_dir)("What is 3 + 4? <answer>7</answer>")["input_ids"]
+    applied, merged = logits(model.eval(), ids), logits(auto.from_pretrained(tmp_path / "merged"), ids)
+    base = logits(auto.from_pretrained(base_dir, dtype=torch.float32), ids)
+    assert report.max_logit_diff is not None and report.max_logit_diff <= 1e-4  # merge_adapter's own check
+    assert (merged - applied).abs().max() <= 1e-4 and (applied - base).abs().max() > 1e-2

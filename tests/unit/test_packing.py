@@ -106,3 +106,40 @@ def test_flash_attention_is_given_grouped_query_heads_in_a_form_this_torch_accep
     q, kv = torch.randn(10, 14, 64, dtype=torch.bfloat16), torch.randn(10, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="_flash_attention_forward"):
         flash_varlen_attention(q, kv, kv, torch.tensor([0, 4, 10], dtype=torch.int32), 6, None)
+
+
+def test_a_packed_sliding_window_layer_sees_only_its_window_as_the_padded_one_does():
+    """Gemma 3's layer mix (a sliding-window layer of 3 tokens, then a global one): packed, each query of the local
+    layer attends to itself and the 2 tokens before it in its own sequence, as transformers' padded mask has it."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    def config() -> Gemma3TextConfig:
+        return Gemma3TextConfig(
+            vocab_size=50,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            sliding_window=3,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+
+    torch.manual_seed(0)
+    padded = Gemma3ForCausalLM._from_config(config(), attn_implementation="sdpa", dtype=torch.float32)
+    packed = Gemma3ForCausalLM._from_config(config(), attn_implementation=ATTENTION, dtype=torch.float32)
+    packed.load_state_dict(padded.state_dict())
+    input_ids, attention_mask = padded_batch(LENGTHS)
+    mask = attention_mask[:, 1:].float()
+    with torch.no_grad():
+        reference = token_logprobs(padded(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids)
+        inputs = pack(input_ids, attention_mask)
+        got = unpack(token_logprobs(packed(**inputs).logits, inputs["input_ids"]), unpacking(attention_mask))
+        wide = Gemma3ForCausalLM._from_config(config(), attn_implementation=ATTENTION, dtype=torch.float32)
+        wide.config.sliding_window = wide.model.layers[0].self_attn.sliding_window = 64
+        wide.load_state_dict(padded.state_dict())
+        unwindowed = unpack(token_logprobs(wide(**inputs).logits, inputs["input_ids"]), unpacking(attention_mask))
+    torch.testing.assert_close(got * mask, reference * mask, atol=1e-5, rtol=0)
+    assert ((unwindowed - reference) * mask).abs().max() > 1e-3  # the window masks something here

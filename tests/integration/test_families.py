@@ -1,0 +1,139 @@
+"""Every family of the registry through the console script. The whole suite: `oxrl onboard <its tiny model> --verify`
+(an SFT step, two RL steps with vLLM rollouts and a refresh, LoRA on the entry's own targets, the sampler-trainer gap
+within its bound). The long lane: `oxrl train` SFT, DPO and GRPO for 2 steps with full weights on each, and a user's
+own model of each architecture, made from transformers' config class alone with a tokenizer of this test's own,
+verified the same way (nothing in the verify path may lean on the tiny models' builders)."""
+
+import json
+import math
+
+import pytest
+
+from oxrl_core.model_registry.schema import load_entry
+from oxrl_core.model_registry.verify import GAP_BOUND
+
+pytestmark = pytest.mark.integration
+
+FAMILY_MODELS = [
+    "oxrl-tiny-llama",
+    "oxrl-tiny-mistral",
+    "oxrl-tiny-gemma2",
+    "oxrl-tiny-gemma3",
+    "oxrl-tiny-phi3",
+    "oxrl-tiny-qwen3",
+    "oxrl-tiny-qwen2-5-vl",
+    "oxrl-tiny-qwen3-5",
+]
+MULTIMODAL = {"oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5"}
+
+
+def assert_verified(entry, stdout: str) -> None:
+    assert entry.status == "verified" and entry.verified_date is not None, entry
+    gap, bound = entry.verified_gap, GAP_BOUND[entry.verified_gap["sampler_dtype"]]
+    assert gap["checkpoint"] <= bound and gap["refresh"] <= bound, gap
+    assert f"LoRA on {', '.join(entry.lora_targets)}" in stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_within_its_bound(oxrl, name, tmp_path):
+    result = oxrl("onboard", name, "--out", tmp_path, "--verify", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    entry = load_entry(tmp_path / f"{name}.yaml")
+    assert_verified(entry, result.stdout)
+    assert entry.verified_by.startswith(f"{name} ({entry.architecture}, ") and entry.verified_by.endswith(" on CPU")
+    if name == "oxrl-tiny-qwen3-5":  # vLLM's CPU DeltaNet kernel is bf16's only
+        assert entry.verified_gap["sampler_dtype"] == "bfloat16" and "the vLLM engines run bfloat16" in result.stdout
+    else:
+        assert entry.verified_gap["sampler_dtype"] == "float32"
+
+
+TWO_STEPS = [
+    "train.steps=2",
+    "run.train_ranks=1",
+    "train.batch_size=8",
+    "train.micro_batch_size=4",
+    "train.grad_accum=2",
+    "data.val=null",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+@pytest.mark.parametrize("alg", ["sft", "dpo", "grpo"])
+def test_each_family_trains_two_steps_of_sft_dpo_and_grpo_with_full_weights(oxrl, name, alg, tmp_path):
+    vlm = name in MULTIMODAL
+    config = {"sft": "vlm_sft_tiny" if vlm else "sft_tiny", "dpo": "vlm_dpo_tiny" if vlm else "dpo_tiny"}.get(alg)
+    overrides = [f"model.name_or_path={name}", f"run.output_dir={tmp_path}", "lora.enabled=false", *TWO_STEPS]
+    if alg == "grpo":
+        config = "grpo_tiny"
+        overrides += ["rollout.n_samples=4"]
+        if vlm:
+            overrides += ["data.train=[{path: examples/data/squares_rl_train.jsonl}]", "rollout.max_prompt_len=128"]
+    loop = "rl" if alg == "grpo" else "sl"
+    result = oxrl("train", loop, "--alg", alg, "--config", f"examples/{config}.yaml", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = tmp_path.glob("*/summary.json")
+    history = json.loads(summary.read_text())["history"]
+    assert [h["step"] for h in history] == [1, 2] and all(math.isfinite(h["loss"]) for h in history), history
+    if alg == "grpo":  # the second step sampled from refreshed full weights
+        bound = GAP_BOUND["bfloat16" if name == "oxrl-tiny-qwen3-5" else "float32"]
+        assert history[1]["logprob_gap_abs"] <= bound, history
+
+
+# A user's own models: the config class of each architecture with small widths (head dims of 64, as vLLM's CPU
+# kernels need) and otherwise its defaults, random weights, and a tokenizer of this test's own (a word-level
+# vocabulary of the arithmetic tasks' words, `### role` turns ended by `<end>`). Qwen3.5 as its text-only class.
+USER_CONFIGS = {
+    "llama": {},
+    "mistral": {},
+    "gemma2": {"query_pre_attn_scalar": 64},
+    "gemma3_text": {"query_pre_attn_scalar": 64},
+    "phi3": {},
+    "qwen3": {},
+    "qwen3_5_text": {
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "layer_types": ["linear_attention", "full_attention"],
+    },
+}
+USER_TEMPLATE = (
+    "{% for m in messages %}{{ '### ' + m['role'] + '\\n' + m['content'] + '<end>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### assistant\\n' }}{% endif %}"
+)
+
+
+def build_user_model(model_type: str, folder) -> None:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    words = ["###", "user", "assistant", "system", "What", "is", "answer", "<", ">", "</", ">-", "?", "+", "-"]
+    vocab = {token: i for i, token in enumerate(["<pad>", "<end>", "<unk>", *words, *"0123456789"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(True)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<end>", pad_token="<pad>", unk_token="<unk>", chat_template=USER_TEMPLATE
+    )
+    tokenizer.save_pretrained(folder)
+    widths = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    config = AutoConfig.for_model(
+        model_type,
+        **widths,
+        intermediate_size=256,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **USER_CONFIGS[model_type],
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", USER_CONFIGS)
+def test_a_user_s_own_model_of_each_architecture_verifies_the_same_way(oxrl, model_type, tmp_path):
+    folder = tmp_path / f"my-{model_type}"
+    build_user_model(model_type, folder)
+    result = oxrl("onboard", folder, "--out", tmp_path / "registry", "--verify", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert_verified(load_entry(tmp_path / "registry" / f"local--{folder.name}.yaml"), result.stdout)
