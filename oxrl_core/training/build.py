@@ -1,6 +1,7 @@
 """Building a rank's models: the policy (LoRA, compiled blocks, fused logprobs head) and the frozen models beside it."""
 
 import inspect
+import re
 
 import torch
 
@@ -63,7 +64,7 @@ def trainable_policy(
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if spec.lora.enabled:
-        model = with_lora(model, spec, zero3, reward_model)
+        model = with_lora(model, spec, zero3, reward_model, multimodal)
     causal_lm = model.get_base_model() if spec.lora.enabled else model  # the Hugging Face model, adapters in it
     if compiles_layers(spec, on_gpu):
         compile_blocks(causal_lm, multimodal, zero3)
@@ -83,8 +84,10 @@ def set_up_media_encoder(tower: torch.nn.Module, freeze: bool) -> None:
         tower.requires_grad_(False)
 
 
-def with_lora(model: torch.nn.Module, spec: TrainerSpec, zero3: bool, reward_model: bool) -> torch.nn.Module:
-    """The model with LoRA adapters (a PeftModel); only they take a gradient."""
+def with_lora(
+    model: torch.nn.Module, spec: TrainerSpec, zero3: bool, reward_model: bool, multimodal: bool
+) -> torch.nn.Module:
+    """The model with LoRA adapters (a PeftModel) in its language model; only they take a gradient."""
     from peft import LoraConfig, get_peft_model
 
     # Frozen embeddings would cut the checkpointed graph, and ZeRO-3 gathers a leaf block's weights for its
@@ -100,9 +103,19 @@ def with_lora(model: torch.nn.Module, spec: TrainerSpec, zero3: bool, reward_mod
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=lora.target_modules,
+            # the media encoder's layers may share the language model's names (Qwen2.5-VL's vision MLP has gate_proj,
+            # up_proj and down_proj): adapters there would train a tower that is frozen and never refreshed
+            exclude_modules=_encoder_modules(model) if multimodal else None,
             task_type="SEQ_CLS" if reward_model else "CAUSAL_LM",
         ),
     )
+
+
+def _encoder_modules(model: torch.nn.Module) -> str:
+    """A regex of the media encoder's module names, as peft matches `exclude_modules`."""
+    tower = media_encoder(model)
+    name = next(name for name, module in model.named_modules() if module is tower)
+    return rf"{re.escape(name)}(\..*)?"
 
 
 def frozen_model(path: str, multimodal: bool, load: dict, zero3: bool, ds_config: dict, device: torch.device) -> tuple:

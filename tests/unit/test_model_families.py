@@ -193,3 +193,28 @@ def test_qwen3_5_sequences_packed_in_one_row_have_the_logprobs_and_gradients_of_
     with torch.no_grad():
         naive = unpack(token_logprobs(leaky(**inputs).logits, inputs["input_ids"]), layout)
     assert (naive[1, : lengths[1] - 1] - alone[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5"])
+def test_lora_on_a_multimodal_entry_s_targets_stays_out_of_its_media_encoder(name):
+    """Qwen2.5-VL's vision MLP has the language model's gate_proj, up_proj and down_proj: adapters there would
+    train a frozen tower that no refresh sends."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForMultimodalLM
+
+    from oxrl_core.config.sections import LoraSection
+    from oxrl_core.model_registry.scout import scout
+    from oxrl_core.training.build import media_encoder, with_lora
+
+    folder = resolve_tiny_model(name)
+    targets = scout(str(folder)).entry.lora_targets
+    spec = SimpleNamespace(
+        model=SimpleNamespace(gradient_checkpointing=False), lora=LoraSection(target_modules=targets)
+    )
+    model = with_lora(AutoModelForMultimodalLM.from_pretrained(folder, dtype=torch.float32), spec, False, False, True)
+    tower = {id(p) for p in media_encoder(model).parameters()}
+    adapters = [n for n, p in model.named_parameters() if "lora_" in n]
+    assert adapters and not [n for n, p in model.named_parameters() if "lora_" in n and id(p) in tower]
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters} == set(targets)
