@@ -1,6 +1,6 @@
 """The sampler-trainer gap of Qwen3.5 per layer type: `oxrl onboard --verify` on three text-only Qwen3.5s of the tiny
-model's widths and 4 layers, all Gated DeltaNet, all gated attention, and the real models' mix (three DeltaNet layers
-to one attention layer), each with the same random weights where they share layers. The trainer runs transformers'
+model's widths and 4 layers: all gated attention, DeltaNet and attention alternating, and the real models' mix (three
+DeltaNet layers to one attention layer). The trainer runs transformers'
 chunked kernels over whole sequences; vLLM samples token by token, the DeltaNet layers through its recurrent kernel
 (in bfloat16 on CPU, where its kernel takes no other). Each verify reports the mean |log p_vLLM - log p_trainer| per
 response token from the checkpoint and after a refresh.
@@ -22,9 +22,11 @@ from transformers import AutoConfig, AutoTokenizer, Qwen3_5ForCausalLM
 
 from oxrl_core.models.tiny import resolve_tiny_model
 
+# DeltaNet layers alone are left out: vLLM 0.32's CPU sampler fails on them (`CPU Generator does not use offset`,
+# in its bookkeeping of a seeded request), 2026-12-07.
 PATTERNS = {
-    "deltanet": ["linear_attention"] * 4,
     "attention": ["full_attention"] * 4,
+    "hybrid 1:1": ["linear_attention", "full_attention"] * 2,
     "hybrid 3:1": ["linear_attention"] * 3 + ["full_attention"],
 }
 OXRL = Path(sys.executable).parent / "oxrl"

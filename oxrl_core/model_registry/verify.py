@@ -47,8 +47,9 @@ RL_STEPS = [
 # 4e-7 on the tiny models on CPU (other kernels, other summation orders), to 1.1e-4 on an H100; a
 # refresh that swapped the tiny Llama's gate and up projections gave 1.6e-2, one that left LoRA's deltas out of
 # Qwen2.5-VL's vision MLP 7e-4. Bf16 engines round every weight and activation to 8 bits of mantissa: 1.0e-3 on the
-# tiny Qwen3.5 (a float32 trainer), 0.033 on a 7B model trained and sampled in bf16 on an H200.
-GAP_BOUND = {"float32": 2e-4, "bfloat16": 5e-2, "float16": 5e-2}
+# tiny Qwen3.5 (a float32 trainer), 0.033 to 0.046 on a random-weight 7B trained and sampled in bf16 on an H100 or
+# H200; the 32B shape with its RoPE frequencies computed in bf16 (a bug, fixed) gave 0.53.
+GAP_BOUND = {"float32": 2e-4, "bfloat16": 0.1, "float16": 0.1}
 
 
 def digit_share(response: str, sample: dict) -> float:

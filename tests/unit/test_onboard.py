@@ -220,11 +220,17 @@ def test_entry_round_trips_through_its_yaml_file(tiny_model_dir, tmp_path):
     assert load_entry(path) == entry
 
 
-def test_verified_status_needs_a_date_and_versions(tmp_path):
+def test_verified_status_needs_its_date_versions_machine_and_gaps_and_only_it_has_them(tmp_path):
     fields = yaml.safe_load((REPO / "oxrl_core/model_registry/entries/Qwen--Qwen2.5-0.5B-Instruct.yaml").read_text())
-    with pytest.raises(ValueError, match="status verified needs verified_date and verified_versions"):
-        RegistryEntry.model_validate({**fields, "status": "verified"})
-    verified = RegistryEntry.model_validate(
-        {**fields, "status": "verified", "verified_date": "2026-11-03", "verified_versions": {"oxrl": "0.1.0"}}
-    )
+    record = {key: fields[key] for key in ("verified_date", "verified_versions", "verified_by", "verified_gap")}
+    assert fields["status"] == "verified" and all(record.values())
+    needs = "status verified needs verified_date, verified_versions, verified_by and verified_gap"
+    for key in record:
+        with pytest.raises(ValueError, match=needs):
+            RegistryEntry.model_validate({**fields, key: None})
+    with pytest.raises(ValueError, match=needs):
+        RegistryEntry.model_validate({**fields, "status": "config-ready"})
+    with pytest.raises(ValueError, match="a verified entry has no unverified_because"):
+        RegistryEntry.model_validate({**fields, "unverified_because": "not yet"})
+    verified = RegistryEntry.model_validate(fields)
     assert load_entry(write_entry(verified, tmp_path)) == verified
