@@ -5,6 +5,7 @@ SQLite store beside the run folders (`mlflow ui --backend-store-uri sqlite:///<o
 """
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -12,6 +13,13 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 EXPERIMENT = "oxrl"
+# What MLflow takes in a param or metric name: letters, digits, `_ - . / :` and spaces; anything else (the `+` of
+# `train.reinforce++.kl_coeff`) becomes `_`
+NOT_IN_A_NAME = re.compile(r"[^\w\-./: ]")
+
+
+def mlflow_name(key: str) -> str:
+    return NOT_IN_A_NAME.sub("_", key)
 
 
 def tracking_uri(configured: str | None, output_dir: Path) -> str:
@@ -26,14 +34,16 @@ class MlflowLog:
             experiment = self.client.get_experiment_by_name(EXPERIMENT)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
             run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
-            self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+            self.client.log_batch(run_id, params=[Param(mlflow_name(k), str(v)[:6000]) for k, v in params.items()])
         else:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(mlflow_name(k), float(v), now, step) for k, v in metrics.items()]
+        )
 
     def __enter__(self) -> "MlflowLog":
         return self
