@@ -118,7 +118,7 @@ def test_each_multimodal_family_takes_an_optimizer_step_on_its_media_with_each_l
         assert metrics["accuracy"] == 0.5 and metrics["policy_version"] == 1, metrics
 
 
-# Each text and hybrid family of the registry (models/families/) under a preference loss and an RL loss: its template
+# Each text and hybrid family of the registry (models/families/) under a preference loss: its template
 # renders the examples' records, its masks, its model class under the rank's forward (packed where it packs), its
 # LoRA-free full-weight step. The vLLM side of each is `oxrl onboard --verify` (tests/integration/test_families.py).
 FAMILY_MODELS = {
@@ -131,7 +131,7 @@ FAMILY_MODELS = {
     "oxrl-tiny-qwen2-5-vl": "vlm_",
     "oxrl-tiny-qwen3-5": "vlm_",
 }
-FAMILY_ALGS = ("dpo", "cispo")
+FAMILY_ALGS = ("dpo",)  # their RL step with vLLM: `oxrl onboard --verify` (test_families.py)
 
 
 @pytest.fixture(scope="module")
@@ -147,13 +147,10 @@ def family_steps(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("model", FAMILY_MODELS)
 @pytest.mark.parametrize("alg", FAMILY_ALGS)
-def test_each_family_takes_a_preference_and_an_rl_step_through_the_rank(family_steps, model, alg):
+def test_each_family_takes_a_preference_step_through_the_rank(family_steps, model, alg):
     step = family_steps[model, alg]
     metrics = step["metrics"]
     assert math.isfinite(metrics["loss"]) and 0 < metrics["grad_norm"] < math.inf, metrics
     assert step["weights_moved"] == pytest.approx(metrics["lr"], rel=0.05), metrics
-    if alg == "dpo":
-        assert PAIR_METRICS <= metrics.keys(), metrics
-    else:
-        assert metrics["accuracy"] == 0.5 and metrics["policy_version"] == 1, metrics
+    assert PAIR_METRICS <= metrics.keys(), metrics
     assert step["trained_on_media"] == (FAMILY_MODELS[model] == "vlm_")

@@ -26,10 +26,13 @@ QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p
 
 @dataclass(frozen=True)
 class Family:
+    """One architecture: its tiny model, and what the trainer and the sampler do otherwise for it than for any model
+    (each such field names its reason where it is set, in the family's module)."""
+
     model_types: tuple[str, ...]  # the config.json `model_type`s it covers (a multimodal one's, and its text model's)
     tiny_model: str  # the name of its built-in tiny model (models/tiny.py builds it on first use)
     build: Callable[[Path], None]  # writes the tiny model's files into an empty folder
-    chat: str  # its chat conventions, in a line (docs/models.md)
+    chat: str  # its chat conventions, in a line (the table of docs/guides/models.md)
     # what a packed row (training/packing.py) needs done to the loaded model first, where it needs more than the
     # variable-length attention: Qwen3.5's recurrent layers run sequence by sequence
     prepare_packed: Callable[[Any], None] | None = None

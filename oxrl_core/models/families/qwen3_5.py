@@ -8,7 +8,7 @@ packed sequences would leak into each other unless each sequence's boundaries re
 recurrence. transformers' torch kernels (the CPU's) ignore the boundaries, and `causal-conv1d`'s (the GPU's) takes
 none, so packed, each DeltaNet layer runs sequence by sequence (`run_deltanet_per_sequence`).
 Sampling on CPU: vLLM's CPU DeltaNet kernel takes bfloat16 only, so the engines run bf16 there while the trainer
-runs float32; the sampler-trainer gap is bf16's (docs/models.md), and the correction bounds it.
+runs float32; the sampler-trainer gap is then bf16's, 1e-3 a token at these widths (docs/guides/models.md).
 
 Chat: Qwen3-VL's (ChatML with Qwen's vision markers).
 """
