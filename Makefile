@@ -16,4 +16,4 @@ test-all: install
 	.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25 --junitxml=.test-results/test-all.xml -m "not slow"
 
 test-slow: install
-	.venv/bin/python -m pytest -q --durations=25 --junitxml=.test-results/test-slow.xml -m slow
+	.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25 --junitxml=.test-results/test-slow.xml -m slow
