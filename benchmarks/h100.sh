@@ -14,6 +14,8 @@
 #                                                  # (split: 1 rank + 1 engine), or lag1-colocated, async1-colocated,
 #                                                  # async2-colocated (2 ranks + 2 engines); BENCH_TIMEOUT_S=560 for the
 #                                                  # long tail
+#   bash benchmarks/h100.sh families [SHAPE ...]     # one RL step per model family on its real shape (rl_step.py's
+#                                                  # FAMILY_SHAPES), one after the other; all of them by default
 #   bash benchmarks/h100.sh sl [--shape 32b] [--gpus N] [KEY=VALUE ...]  # SFT steps under ZeRO-3 (benchmarks/sl_step.py)
 #   bash benchmarks/h100.sh phase ["K=V K=V" ...]   # the training phase alone: the logprobs op, config variants
 #   bash benchmarks/h100.sh profile [KEY=VALUE ...]  # one train step under torch.profiler (benchmarks/train_step_profile.py)
@@ -81,6 +83,41 @@ if [ "$stage" = bench ]; then
   # a run cut short keeps its logs in its own folder, beside the stacks a hang (run.hang_timeout_s) wrote
   logs="$WORK/logs"; [ "$rc" = 0 ] || logs=$(ls -td "$WORK"/runs/*/logs 2>/dev/null | head -n 1)
   cp "$logs"/rank0.log "$logs"/engine0.log "$logs"/../stacks.txt "$logs"/../crash.txt "$OUT/" 2>/dev/null
+  exit 0
+fi
+
+if [ "$stage" = families ]; then
+  # One RL step per model family on the smallest registry entry's real shape (rl_step.py's FAMILY_SHAPES), random
+  # weights: 2 steps (the first compiles and allocates), 16 prompts x 8 samples of up to 256 tokens, one at a time.
+  # Each as its registry entry recommends where trainer and engine fit one 80 GB GPU together; Phi-3.5-mini's full
+  # weights with Adam (61 GB) do not beside the engine's copy, so it trains LoRA on the entry's targets. Results:
+  # $OUT/families.json (shape -> its rl_step.json) and $OUT/families.log; BENCH_TIMEOUT_S (default 200) bounds each.
+  [ $# -gt 0 ] || set -- qwen3-0.6b llama-1b gemma3-1b gemma2-2b phi3-3.8b mistral-7b qwen3.5-27b-16l
+  small="train.micro_batch_size=8 train.grad_accum=16 model.gradient_checkpointing=true"
+  for shape in "$@"; do
+    case "$shape" in
+      gemma2-2b) extra="$small rollout.gpu_memory_utilization=0.25" ;;  # Adam's states of 2.6B full weights: 42 GB
+      phi3-3.8b) extra="$small lora.enabled=true lora.target_modules=[qkv_proj,o_proj,gate_up_proj,down_proj]" ;;
+      mistral-7b) extra="$small lora.enabled=true lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]" ;;
+      qwen3.5-27b-16l) extra="$small lora.enabled=true lora.target_modules=[out_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,gate_proj,up_proj,down_proj,q_proj,k_proj,v_proj,o_proj]" ;;
+      *) extra="" ;;
+    esac
+    echo "== $shape: $extra" | tee -a "$OUT/families.log"
+    timeout "${BENCH_TIMEOUT_S:-200}" python3 benchmarks/rl_step.py --out "$WORK/$shape" --shape "$shape" --steps 2 \
+      --no-standalone train.batch_size=128 train.grad_accum=4 rollout.max_tokens=256 $extra >> "$OUT/families.log" 2>&1
+    echo "$shape rc=$?" | tee -a "$OUT/families.log"
+    rm -rf "$WORK/$shape"/*-shape "$WORK/$shape"/oxrl-tiny-*  # the weights: a 7B's fill the disk in a few runs
+  done
+  python3 - "$WORK" "$OUT/families.json" "$@" <<'PY'
+import json, sys
+from pathlib import Path
+work, out, shapes = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+found = {s: json.loads((work / s / "rl_step.json").read_text()) for s in shapes if (work / s / "rl_step.json").is_file()}
+out.write_text(json.dumps(found, indent=2))
+for s, r in found.items():
+    gaps = [round(step.get("logprob_gap_abs", float("nan")), 4) for step in r["per_step"]]
+    print(f"{s:16s} params {r['params'] / 1e9:6.2f}B  step {r['step_s']:6.1f} s  MFU {r['training_phase_mfu']:.1%}  gap {gaps}")
+PY
   exit 0
 fi
 

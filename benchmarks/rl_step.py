@@ -128,6 +128,99 @@ QWEN25_VL_SHAPES = {
         tie_word_embeddings=True,
     ),
 }
+# One shape per model family besides Qwen2.5's: the smallest registry entry's language model, from its config.json on
+# the Hub. The family's tiny model gives everything else (tokenizer and template, RoPE scaling, soft-capping, token
+# ids, Qwen3.5's vision tower); its tokenizer's ids are a few hundred of the real vocabulary's. Qwen3.5-27B's 64
+# layers are cut to 16 in the same 3:1 pattern of linear and full attention: its bf16 weights (55 GB) once in the
+# trainer and once in vLLM do not fit one 80 GB GPU together.
+FAMILY_SHAPES = {
+    "llama-1b": dict(  # Llama-3.2-1B-Instruct
+        tiny="oxrl-tiny-llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "mistral-7b": dict(  # Mistral-7B-Instruct-v0.3
+        tiny="oxrl-tiny-mistral",
+        vocab_size=32768,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
+    "gemma2-2b": dict(  # gemma-2-2b-it: sliding (4,096) and global layers alternating
+        tiny="oxrl-tiny-gemma2",
+        vocab_size=256000,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=4096,
+        layer_types=["sliding_attention", "full_attention"] * 13,
+    ),
+    "gemma3-1b": dict(  # gemma-3-1b-it: five sliding (512) layers to a global one
+        tiny="oxrl-tiny-gemma3",
+        vocab_size=262144,
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        layer_types=["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)],
+    ),
+    "phi3-3.8b": dict(  # Phi-3.5-mini-instruct: fused qkv_proj and gate_up_proj
+        tiny="oxrl-tiny-phi3",
+        vocab_size=32064,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-0.6b": dict(  # Qwen3-0.6B: q/k norms
+        tiny="oxrl-tiny-qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "qwen3.5-27b-16l": dict(  # Qwen3.5-27B at 16 of its 64 layers
+        tiny="oxrl-tiny-qwen3-5",
+        vocab_size=248320,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=16,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(16)],
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        tie_word_embeddings=False,
+    ),
+}
+SHAPES = QWEN25_SHAPES | QWEN25_VL_SHAPES | FAMILY_SHAPES
 IMAGE_SIDE = 448  # pixels: 32 x 32 patches of 14, merged 2 x 2 into 16 x 16 image tokens
 IMAGE_PATCHES, IMAGE_TOKENS = (IMAGE_SIDE // 14) ** 2, (IMAGE_SIDE // 28) ** 2
 
@@ -142,6 +235,8 @@ def build_model(folder: Path, shape: dict) -> Path:
 
     if (folder / "config.json").is_file():
         return folder
+    if "tiny" in shape:
+        return build_family_model(folder, shape)
     vision = "vision_config" in shape
     tiny = "oxrl-tiny-vl" if vision else "oxrl-tiny"
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(folder.parent / tiny, tiny))
@@ -179,6 +274,41 @@ def build_model(folder: Path, shape: dict) -> Path:
     tokenizer.save_pretrained(folder)
     del model
     torch.cuda.empty_cache()  # nothing where CUDA never started
+    return folder
+
+
+def build_family_model(folder: Path, shape: dict) -> Path:
+    """Random bf16 weights in a FAMILY_SHAPES shape: the family's tiny model's config with the shape's widths (its
+    language model's, for a multimodal class), beside the tiny model's tokenizer, template and processor files."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from oxrl_core.models.names import restore_checkpoint_names
+
+    widths = {key: value for key, value in shape.items() if key != "tiny"}
+    tiny = build_tiny_model(folder.parent / shape["tiny"], shape["tiny"])
+    config = AutoConfig.from_pretrained(tiny)
+    multimodal = hasattr(config, "text_config")
+    text = config.text_config if multimodal else config
+    tiny_widths = {key: value for key, value in text.to_dict().items() if key != "layer_types"}  # of its 2 layers
+    text = type(text)(**(tiny_widths | widths | {"dtype": "bfloat16"}))
+    if multimodal:
+        config.text_config = text
+        config.tie_word_embeddings = text.tie_word_embeddings
+    else:
+        config = text
+    folder.mkdir(parents=True)
+    for file in tiny.iterdir():
+        if file.is_file() and not file.name.startswith((".", "model")) and file.name != "config.json":
+            shutil.copy(file, folder / file.name)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = (AutoModelForImageTextToText if multimodal else AutoModelForCausalLM).from_config(
+            config, dtype=torch.bfloat16
+        )
+    model.save_pretrained(folder)
+    restore_checkpoint_names(folder, config.model_type)
+    del model
+    torch.cuda.empty_cache()
     return folder
 
 
@@ -412,7 +542,7 @@ def prepare(
     of at most `turns` messages of at most NEW_TOKENS tokens each, from `end_turns_after`'s model. `long_tail`: one
     response a sample, of geometric length with mean LONG_TAIL_MEAN tokens, cut at LONG_TAIL_CAP."""
     vision = shape in QWEN25_VL_SHAPES
-    model = build_model(out / f"qwen2.5-{shape}-shape", (QWEN25_SHAPES | QWEN25_VL_SHAPES)[shape])
+    model = build_model(out / f"{shape}-shape", SHAPES[shape])
     prompts = write_prompts(model, out / "prompts.jsonl", PROMPTS * gpus, vision, as_text=turns > 1)
     episodes, reward, new_tokens = {}, "math", NEW_TOKENS
     if long_tail:
@@ -497,7 +627,7 @@ def keep_logs(run_dir: Path, out: Path, save: bool) -> None:
 
 
 def main() -> None:
-    parser = workload_parser(__doc__, "RL", steps=4, shapes=QWEN25_SHAPES | QWEN25_VL_SHAPES)
+    parser = workload_parser(__doc__, "RL", steps=4, shapes=SHAPES)
     parser.add_argument(
         "--tensor-parallel",
         type=int,
@@ -631,7 +761,7 @@ def main() -> None:
     step_s = step["time_step_s"]  # wall time: at rollout.lag > 0 generation overlaps the other phases
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
     # forward, over the full (unmasked) T x T as PaLM does
-    shape = (QWEN25_SHAPES | QWEN25_VL_SHAPES)[args.shape]
+    shape = SHAPES[args.shape]
     text_shape = shape.get("text_config", shape)
     attention = 4 * text_shape["num_hidden_layers"] * text_shape["hidden_size"] * length
     # The vision tower reads each sequence's image patches in every forward (2 FLOPs per weight and patch); frozen, it
