@@ -220,7 +220,9 @@ def test_the_7b_lora_example_validates_with_local_stand_ins_for_its_model_and_da
         assert "lora:" in result.output and "enabled: true" in result.output
 
 
-SHIPPED_EXAMPLES = sorted(path.stem for path in (REPO / "examples").glob("*.yaml"))
+SHIPPED_EXAMPLES = sorted(
+    str(path.relative_to(REPO / "examples").with_suffix("")) for path in (REPO / "examples").rglob("*.yaml")
+)
 HUB_EXAMPLES = {"cispo_lora_7b"}  # names a Hub model and dataset: validated with local stand-ins above
 
 

@@ -99,3 +99,27 @@ def test_each_entry_names_its_family_s_tiny_model_of_its_class_and_was_verified_
         config = json.loads((resolve_tiny_model(family.tiny_model) / "config.json").read_text())
         assert entry.tiny_model == family.tiny_model and config["architectures"] == [entry.architecture], entry.model
         assert entry.verified_by.startswith(f"{family.tiny_model} ({entry.architecture}, "), entry.model
+
+
+def test_every_family_has_an_example_on_its_tiny_model_naming_its_smallest_entry_and_its_lora_targets():
+    """A user who picks a family finds a recipe to start from: examples/ (the Qwen2 families') or
+    examples/families/, on the family's tiny model, its comment giving the smallest registry entry of the
+    architecture and that entry's LoRA targets."""
+    import yaml
+
+    from oxrl_core.models.families import FAMILIES
+
+    examples = Path(__file__).parents[2] / "examples"
+    models = lambda paths: {yaml.safe_load(p.read_text())["model"]["name_or_path"]: p for p in paths}  # noqa: E731
+    shipped, per_family = models(examples.glob("*.yaml")), models((examples / "families").glob("*.yaml"))
+    entries = [load_entry(path) for path in ENTRY_FILES]
+    for family in FAMILIES:
+        if family.tiny_model in shipped:
+            continue
+        text = per_family.pop(family.tiny_model).read_text()
+        ours = [e for e in entries if e.model_type in family.model_types]
+        smallest = min(ours, key=lambda e: e.params)
+        comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+        assert f"model.name_or_path={smallest.model}," in comment, family.tiny_model
+        assert f"target_modules: [{', '.join(smallest.lora_targets)}]" in comment, family.tiny_model
+    assert not per_family, f"examples of no family: {sorted(per_family)}"
