@@ -337,6 +337,10 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_
             text += f" {(i * 7 + len(text)) % 10}"
         while length(text) > PROMPT_TOKENS:
             text = text[:-1]
+        # a template that trims the message (Gemma's) can skip the last length on the way down: one more character
+        text += next((c for c in ",.;0123456789" if length(text + c) == PROMPT_TOKENS), "") * (
+            length(text) < PROMPT_TOKENS
+        )
         texts.append(text)
         record = {"prompt": text if as_text else [{"role": "user", "content": content(text)}], "answer": str(2 * i)}
         if vision:
