@@ -68,7 +68,8 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
         sft = train(resolve_run("sl", sft_config, [*SFT_STEP, f"run.output_dir={runs}"]), resume=False, console=console)
         if not math.isfinite(sft["last_loss"]):
             raise OxrlError(f"--verify: the SFT step on {entry.model} gave loss {sft['last_loss']}")
-        console.rule(f"verify 2/2: two RL steps on {entry.model}, LoRA on {', '.join(entry.lora_targets)}")
+        console.rule(f"verify 2/2: two RL steps on {entry.model}")
+        console.print(f"LoRA on {', '.join(entry.lora_targets)}", highlight=False)  # wrapped, where a rule cuts it
         targets = f"lora.target_modules=[{', '.join(entry.lora_targets)}]"
         run = resolve_run("rl", rl_config, [*RL_STEPS, targets, f"run.output_dir={runs}"])
         history = train(run, resume=False, console=console)["history"]
