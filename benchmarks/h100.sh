@@ -94,12 +94,16 @@ if [ "$stage" = families ]; then
   # $OUT/families.json (shape -> its rl_step.json) and $OUT/families.log; BENCH_TIMEOUT_S (default 200) bounds each.
   [ $# -gt 0 ] || set -- qwen3-0.6b llama-1b gemma3-1b gemma2-2b phi3-3.8b mistral-7b qwen3.5-27b-16l
   small="train.micro_batch_size=8 train.grad_accum=16 model.gradient_checkpointing=true"
+  lora_of() {  # LoRA on the registry entry's own targets
+    python3 -c "import sys; from oxrl_core.model_registry.schema import SHIPPED_DIR, entry_file_name, load_entry
+print('lora.enabled=true lora.target_modules=[' + ','.join(load_entry(SHIPPED_DIR / entry_file_name(sys.argv[1])).lora_targets) + ']')" "$1"
+  }
   for shape in "$@"; do
     case "$shape" in
       gemma2-2b) extra="$small rollout.gpu_memory_utilization=0.25" ;;  # Adam's states of 2.6B full weights: 42 GB
-      phi3-3.8b) extra="$small lora.enabled=true lora.target_modules=[qkv_proj,o_proj,gate_up_proj,down_proj]" ;;
-      mistral-7b) extra="$small lora.enabled=true lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]" ;;
-      qwen3.5-27b-16l) extra="$small lora.enabled=true lora.target_modules=[out_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,gate_proj,up_proj,down_proj,q_proj,k_proj,v_proj,o_proj]" ;;
+      phi3-3.8b) extra="$small $(lora_of microsoft/Phi-3.5-mini-instruct)" ;;
+      mistral-7b) extra="$small $(lora_of mistralai/Mistral-7B-Instruct-v0.3)" ;;
+      qwen3.5-27b-16l) extra="$small $(lora_of Qwen/Qwen3.5-27B)" ;;
       *) extra="" ;;
     esac
     echo "== $shape: $extra" | tee -a "$OUT/families.log"

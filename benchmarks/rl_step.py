@@ -264,17 +264,19 @@ def build_model(folder: Path, shape: dict) -> Path:
         ).save_pretrained(folder)
     else:
         config = Qwen2Config(**shape, **tokens)
-    with torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu"
-    ):  # a 7B model's random init takes minutes on a CPU
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
-            config, dtype=torch.bfloat16
-        )
-    model.save_pretrained(folder)
+    save_random_weights(AutoModelForImageTextToText if vision else AutoModelForCausalLM, config, folder)
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+def save_random_weights(model_class, config, folder: Path) -> None:
+    """`model_class`'s bf16 weights for `config`, drawn where the GPU is (a 7B model's random init takes minutes on a
+    CPU) after the caller seeded torch, saved into `folder`."""
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = model_class.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
     del model
     torch.cuda.empty_cache()  # nothing where CUDA never started
-    return folder
 
 
 def build_family_model(folder: Path, shape: dict) -> Path:
@@ -301,14 +303,8 @@ def build_family_model(folder: Path, shape: dict) -> Path:
         if file.is_file() and not file.name.startswith((".", "model")) and file.name != "config.json":
             shutil.copy(file, folder / file.name)
     torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = (AutoModelForImageTextToText if multimodal else AutoModelForCausalLM).from_config(
-            config, dtype=torch.bfloat16
-        )
-    model.save_pretrained(folder)
+    save_random_weights(AutoModelForImageTextToText if multimodal else AutoModelForCausalLM, config, folder)
     restore_checkpoint_names(folder, config.model_type)
-    del model
-    torch.cuda.empty_cache()
     return folder
 
 
@@ -338,9 +334,8 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_
         while length(text) > PROMPT_TOKENS:
             text = text[:-1]
         # a template that trims the message (Gemma's) can skip the last length on the way down: one more character
-        text += next((c for c in ",.;0123456789" if length(text + c) == PROMPT_TOKENS), "") * (
-            length(text) < PROMPT_TOKENS
-        )
+        if length(text) < PROMPT_TOKENS:
+            text += next((c for c in ",.;0123456789" if length(text + c) == PROMPT_TOKENS), "")
         texts.append(text)
         record = {"prompt": text if as_text else [{"role": "user", "content": content(text)}], "answer": str(2 * i)}
         if vision:
