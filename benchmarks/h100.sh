@@ -94,16 +94,18 @@ if [ "$stage" = families ]; then
   # $OUT/families.json (shape -> its rl_step.json) and $OUT/families.log; BENCH_TIMEOUT_S (default 200) bounds each.
   [ $# -gt 0 ] || set -- qwen3-0.6b llama-1b gemma3-1b gemma2-2b phi3-3.8b mistral-7b qwen3.5-27b-16l
   small="train.micro_batch_size=8 train.grad_accum=16 model.gradient_checkpointing=true"
-  lora_of() {  # LoRA on the registry entry's own targets
-    python3 -c "import sys; from oxrl_core.model_registry.schema import SHIPPED_DIR, entry_file_name, load_entry
-print('lora.enabled=true lora.target_modules=[' + ','.join(load_entry(SHIPPED_DIR / entry_file_name(sys.argv[1])).lora_targets) + ']')" "$1"
+  lora_of() {  # LoRA on the shape's registry entry's own targets
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from rl_step import FAMILY_SHAPES
+from oxrl_core.model_registry.schema import SHIPPED_DIR, entry_file_name, load_entry
+entry = load_entry(SHIPPED_DIR / entry_file_name(FAMILY_SHAPES[sys.argv[1]]['entry']))
+print('lora.enabled=true lora.target_modules=[' + ','.join(entry.lora_targets) + ']')" "$1"
   }
   for shape in "$@"; do
     case "$shape" in
       gemma2-2b) extra="$small rollout.gpu_memory_utilization=0.25" ;;  # Adam's states of 2.6B full weights: 42 GB
-      phi3-3.8b) extra="$small $(lora_of microsoft/Phi-3.5-mini-instruct)" ;;
-      mistral-7b) extra="$small $(lora_of mistralai/Mistral-7B-Instruct-v0.3)" ;;
-      qwen3.5-27b-16l) extra="$small $(lora_of Qwen/Qwen3.5-27B)" ;;
+      phi3-3.8b) extra="$small $(lora_of "$shape")" ;;
+      mistral-7b) extra="$small $(lora_of "$shape")" ;;
+      qwen3.5-27b-16l) extra="$small $(lora_of "$shape")" ;;
       *) extra="" ;;
     esac
     echo "== $shape: $extra" | tee -a "$OUT/families.log"

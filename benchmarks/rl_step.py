@@ -128,13 +128,14 @@ QWEN25_VL_SHAPES = {
         tie_word_embeddings=True,
     ),
 }
-# One shape per model family besides Qwen2.5's: the smallest registry entry's language model, from its config.json on
-# the Hub. The family's tiny model gives everything else (tokenizer and template, RoPE scaling, soft-capping, token
+# One shape per model family besides Qwen2.5's: the smallest registry entry's (`entry`) language model, from its
+# config.json on the Hub. The family's tiny model gives everything else (tokenizer and template, RoPE scaling, soft-capping, token
 # ids, Qwen3.5's vision tower); its tokenizer's ids are a few hundred of the real vocabulary's. Qwen3.5-27B's 64
 # layers are cut to 16 in the same 3:1 pattern of linear and full attention: its bf16 weights (55 GB) once in the
 # trainer and once in vLLM do not fit one 80 GB GPU together.
 FAMILY_SHAPES = {
-    "llama-1b": dict(  # Llama-3.2-1B-Instruct
+    "llama-1b": dict(
+        entry="meta-llama/Llama-3.2-1B-Instruct",
         tiny="oxrl-tiny-llama",
         vocab_size=128256,
         hidden_size=2048,
@@ -145,7 +146,8 @@ FAMILY_SHAPES = {
         head_dim=64,
         tie_word_embeddings=True,
     ),
-    "mistral-7b": dict(  # Mistral-7B-Instruct-v0.3
+    "mistral-7b": dict(
+        entry="mistralai/Mistral-7B-Instruct-v0.3",
         tiny="oxrl-tiny-mistral",
         vocab_size=32768,
         hidden_size=4096,
@@ -156,7 +158,8 @@ FAMILY_SHAPES = {
         head_dim=128,
         tie_word_embeddings=False,
     ),
-    "gemma2-2b": dict(  # gemma-2-2b-it: sliding (4,096) and global layers alternating
+    "gemma2-2b": dict(  # sliding (4,096) and global layers alternating
+        entry="google/gemma-2-2b-it",
         tiny="oxrl-tiny-gemma2",
         vocab_size=256000,
         hidden_size=2304,
@@ -169,7 +172,8 @@ FAMILY_SHAPES = {
         sliding_window=4096,
         layer_types=["sliding_attention", "full_attention"] * 13,
     ),
-    "gemma3-1b": dict(  # gemma-3-1b-it: five sliding (512) layers to a global one
+    "gemma3-1b": dict(  # five sliding (512) layers to a global one
+        entry="google/gemma-3-1b-it",
         tiny="oxrl-tiny-gemma3",
         vocab_size=262144,
         hidden_size=1152,
@@ -182,7 +186,8 @@ FAMILY_SHAPES = {
         sliding_window=512,
         layer_types=["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)],
     ),
-    "phi3-3.8b": dict(  # Phi-3.5-mini-instruct: fused qkv_proj and gate_up_proj
+    "phi3-3.8b": dict(  # fused qkv_proj and gate_up_proj
+        entry="microsoft/Phi-3.5-mini-instruct",
         tiny="oxrl-tiny-phi3",
         vocab_size=32064,
         hidden_size=3072,
@@ -192,7 +197,8 @@ FAMILY_SHAPES = {
         num_key_value_heads=32,
         tie_word_embeddings=False,
     ),
-    "qwen3-0.6b": dict(  # Qwen3-0.6B: q/k norms
+    "qwen3-0.6b": dict(  # q/k norms
+        entry="Qwen/Qwen3-0.6B",
         tiny="oxrl-tiny-qwen3",
         vocab_size=151936,
         hidden_size=1024,
@@ -203,7 +209,8 @@ FAMILY_SHAPES = {
         head_dim=128,
         tie_word_embeddings=True,
     ),
-    "qwen3.5-27b-16l": dict(  # Qwen3.5-27B at 16 of its 64 layers
+    "qwen3.5-27b-16l": dict(  # at 16 of its 64 layers
+        entry="Qwen/Qwen3.5-27B",
         tiny="oxrl-tiny-qwen3-5",
         vocab_size=248320,
         hidden_size=5120,
@@ -213,6 +220,14 @@ FAMILY_SHAPES = {
         num_attention_heads=24,
         num_key_value_heads=4,
         head_dim=256,
+        # its rotary quarter of 256 dimensions, split over M-RoPE's three axes (the tiny model's split is of 64)
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
         linear_num_key_heads=16,
         linear_num_value_heads=48,
         linear_key_head_dim=128,
@@ -280,32 +295,41 @@ def save_random_weights(model_class, config, folder: Path) -> None:
 
 
 def build_family_model(folder: Path, shape: dict) -> Path:
-    """Random bf16 weights in a FAMILY_SHAPES shape: the family's tiny model's config with the shape's widths (its
-    language model's, for a multimodal class), beside the tiny model's tokenizer, template and processor files."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    """Random bf16 weights in a FAMILY_SHAPES shape (`family_config`), beside the family's tiny model's tokenizer,
+    template and processor files."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from oxrl_core.models.names import restore_checkpoint_names
 
-    widths = {key: value for key, value in shape.items() if key != "tiny"}
     tiny = build_tiny_model(folder.parent / shape["tiny"], shape["tiny"])
-    config = AutoConfig.from_pretrained(tiny)
-    multimodal = hasattr(config, "text_config")
-    text = config.text_config if multimodal else config
-    tiny_widths = {key: value for key, value in text.to_dict().items() if key != "layer_types"}  # of its 2 layers
-    text = type(text)(**(tiny_widths | widths | {"dtype": "bfloat16"}))
-    if multimodal:
-        config.text_config = text
-        config.tie_word_embeddings = text.tie_word_embeddings
-    else:
-        config = text
+    config = family_config(tiny, shape)
     folder.mkdir(parents=True)
     for file in tiny.iterdir():
         if file.is_file() and not file.name.startswith((".", "model")) and file.name != "config.json":
             shutil.copy(file, folder / file.name)
     torch.manual_seed(0)
+    multimodal = hasattr(config, "text_config")
     save_random_weights(AutoModelForImageTextToText if multimodal else AutoModelForCausalLM, config, folder)
     restore_checkpoint_names(folder, config.model_type)
     return folder
+
+
+def family_config(tiny: Path, shape: dict):
+    """The family's tiny model's config (at `tiny`) with the shape's widths (its language model's, for a multimodal
+    class)."""
+    from transformers import AutoConfig
+
+    widths = {key: value for key, value in shape.items() if key not in ("tiny", "entry")}
+    config = AutoConfig.from_pretrained(tiny)
+    multimodal = hasattr(config, "text_config")
+    text = config.text_config if multimodal else config
+    tiny_widths = {key: value for key, value in text.to_dict().items() if key != "layer_types"}  # of its 2 layers
+    text = type(text)(**(tiny_widths | widths | {"dtype": "bfloat16"}))
+    if not multimodal:
+        return text
+    config.text_config = text
+    config.tie_word_embeddings = text.tie_word_embeddings
+    return config
 
 
 def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_text: bool = False) -> Path:
@@ -332,8 +356,8 @@ def write_prompts(model: Path, path: Path, count: int, vision: bool = False, as_
         while length(text) < PROMPT_TOKENS:
             text += f" {(i * 7 + len(text)) % 10}"
         while length(text) > PROMPT_TOKENS:
-            text = text[:-1]
-        # a template that trims the message (Gemma's) can skip the last length on the way down: one more character
+            text = text[:-1].rstrip()  # as templates that trim the message (Llama's, Gemma's) would
+        # a whitespace and a digit can be two tokens, and the way down skip the length: one more character
         if length(text) < PROMPT_TOKENS:
             text += next((c for c in ",.;0123456789" if length(text + c) == PROMPT_TOKENS), "")
         texts.append(text)
