@@ -22,7 +22,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
-from oxrl_core.training.packing import flash_varlen_attention
+from oxrl_core.training.attention import flash_varlen_attention
 
 SEQUENCES, HEADS, KV_HEADS, DIM = 32, 14, 2, 64
 BACKENDS = {

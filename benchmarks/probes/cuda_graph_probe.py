@@ -68,8 +68,8 @@ def train(model_path: str, variant: str) -> dict:
     deepspeed-fp32acc (the SL run's, with the gradients accumulated in float32)."""
     from transformers import AutoModelForCausalLM
 
+    from oxrl_core.training.attention import ATTENTION
     from oxrl_core.training.fused_head import fused_token_logprobs
-    from oxrl_core.training.packing import ATTENTION
 
     scope, mode, optimizer_kind = variant.split("/")
     packed = scope.startswith("packed")

@@ -1,4 +1,5 @@
-"""Finding a model: the built-in tiny model, a local folder, or a Hugging Face Hub id."""
+"""Finding a model (the built-in tiny model, a local folder, or a Hugging Face Hub id), what kind it is, and a loaded
+multimodal model's media encoder."""
 
 from pathlib import Path
 
@@ -65,3 +66,17 @@ def meta_model(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
     auto = AutoModelForMultimodalLM if is_multimodal_config(config) else AutoModelForCausalLM
     with torch.device("meta"):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def media_encoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The image or audio encoder of a multimodal model (Qwen-VL's with its merger into the language model's width;
+    Idefics3's and Qwen2-Audio's without their projector)."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA's PeftModel
+    inner = getattr(causal_lm, "model", causal_lm)
+    for name in ENCODER_NAMES:
+        if hasattr(inner, name):
+            return getattr(inner, name)
+    raise ValueError(f"{type(model).__name__}: no media encoder found ({', '.join(ENCODER_NAMES)})")
+
+
+ENCODER_NAMES = ("visual", "vision_tower", "vision_model", "audio_tower")

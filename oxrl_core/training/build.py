@@ -6,11 +6,12 @@ import re
 import torch
 
 from oxrl_core.models.families import Family, family_of
+from oxrl_core.models.hub import media_encoder
 from oxrl_core.models.tokenizer import load_tokenizer
+from oxrl_core.training.attention import ATTENTION as PACKED_ATTENTION
+from oxrl_core.training.attention import VISION_ATTENTION
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.fused_head import LogprobsHead
-from oxrl_core.training.packing import ATTENTION as PACKED_ATTENTION
-from oxrl_core.training.packing import VISION_ATTENTION
 from oxrl_core.training.spec import TrainerSpec
 from oxrl_core.training.zero3 import gather_by_block, repeated_blocks, rope_in_float32, torch_linear
 
@@ -131,20 +132,6 @@ def frozen_model(path: str, multimodal: bool, load: dict, zero3: bool, ds_config
         gather_by_block(model)
         model = deepspeed.initialize(model=model, config=ds_config)[0]
     return model.to(device), head
-
-
-def media_encoder(model: torch.nn.Module) -> torch.nn.Module:
-    """The image or audio encoder of a multimodal model (Qwen-VL's with its merger into the language model's width;
-    Idefics3's and Qwen2-Audio's without their projector)."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA's PeftModel
-    inner = getattr(causal_lm, "model", causal_lm)
-    for name in ENCODER_NAMES:
-        if hasattr(inner, name):
-            return getattr(inner, name)
-    raise ValueError(f"{type(model).__name__}: no media encoder found ({', '.join(ENCODER_NAMES)})")
-
-
-ENCODER_NAMES = ("visual", "vision_tower", "vision_model", "audio_tower")
 
 
 def compiles_layers(spec: TrainerSpec, on_gpu: bool) -> bool:

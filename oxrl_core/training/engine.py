@@ -20,7 +20,6 @@ from oxrl_core.data.media import media_policy
 from oxrl_core.models.families import family_of
 from oxrl_core.models.hub import is_multimodal, model_type, resolve_model
 from oxrl_core.models.value_head import PolicyWithValueHead
-from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
 from oxrl_core.training.build_locks import wait_for_builds
 from oxrl_core.training.checkpoint import Checkpoints
 from oxrl_core.training.deepspeed_setup import deepspeed_config, deepspeed_engine, model_dtype, name_the_accelerator
@@ -44,6 +43,10 @@ class TrainEngine(WeightPublisher, Checkpoints):
         wait_for_builds()  # DeepSpeed may build ops from here on (its CPU collectives, CPU Adam): never on a dead lock
         join_ranks(spec, rank, world_size, master, on_gpu)
         from transformers.integrations import HfDeepSpeedConfig
+
+        # Imported here, on the rank: the driver names this class but builds no model, and the build stack's imports
+        # (torch.compile's, the packed attention's) would cost every run's driver about 2 s.
+        from oxrl_core.training.build import frozen_model, load_options, pretrained_policy, trainable_policy
 
         self.spec, self.rank, self._dtype = spec, rank, model_dtype(spec.model)
         self.zero3 = spec.deepspeed.zero_stage == 3

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from oxrl_core.training.build import media_encoder
+from oxrl_core.models.hub import media_encoder
 from oxrl_core.weights.transport import WeightChannel, WeightSpec, buckets, gpu_uuid, share_over_ipc
 
 

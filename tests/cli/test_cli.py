@@ -149,3 +149,21 @@ def test_alg_completes_the_algorithm_names(oxrl, words, expected):
     cword = len(words.split()) - (not words.endswith(" "))
     result = oxrl(env={"_OXRL_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
     assert result.returncode == 0 and result.stdout.split() == expected
+
+
+def test_a_runs_driver_imports_none_of_the_ranks_model_building_stack():
+    """Every `oxrl train` process imports the loops; the ranks alone build models. torch.compile's and the packed
+    attention's imports (torch._dynamo, transformers' masking) cost each driver about 2 s."""
+    rank_only = ("torch._dynamo", "transformers.masking_utils", "deepspeed", "vllm", "oxrl_core.training.build")
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, oxrl_core.loops.train; print([m for m in {rank_only!r} if m in sys.modules])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    assert loaded.stdout.strip() == "[]"

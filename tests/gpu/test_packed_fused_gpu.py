@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from oxrl_core.training.attention import ATTENTION
 from oxrl_core.training.fused_head import LogprobsHead
 from oxrl_core.training.logprobs import token_logprobs_and_entropy
-from oxrl_core.training.packing import ATTENTION, pack, unpack, unpacking
+from oxrl_core.training.packing import pack, unpack, unpacking
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 LENGTHS = [300, 17, 640, 1, 128]
@@ -69,7 +70,7 @@ def test_a_vision_towers_flash_varlen_attention_equals_its_per_window_sdpa_on_th
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    from oxrl_core.training.packing import VISION_ATTENTION
+    from oxrl_core.training.attention import VISION_ATTENTION
 
     config = Qwen2_5_VLConfig(
         vision_config=dict(

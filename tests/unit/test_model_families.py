@@ -153,7 +153,7 @@ def qwen3_5_text_models(_isolated_dirs):
     from transformers import Qwen3_5ForCausalLM
 
     from oxrl_core.models.families.qwen3_5 import run_deltanet_per_sequence
-    from oxrl_core.training.packing import ATTENTION
+    from oxrl_core.training.attention import ATTENTION
 
     text = AutoConfig.from_pretrained(resolve_tiny_model("oxrl-tiny-qwen3-5")).text_config
     torch.manual_seed(0)
@@ -206,7 +206,8 @@ def test_lora_on_a_multimodal_entry_s_targets_stays_out_of_its_media_encoder(nam
 
     from oxrl_core.config.sections import LoraSection
     from oxrl_core.model_registry.scout import scout
-    from oxrl_core.training.build import media_encoder, with_lora
+    from oxrl_core.models.hub import media_encoder
+    from oxrl_core.training.build import with_lora
 
     folder = resolve_tiny_model(name)
     targets = scout(str(folder)).entry.lora_targets

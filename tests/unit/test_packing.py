@@ -5,8 +5,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from oxrl_core.training.attention import ATTENTION
 from oxrl_core.training.logprobs import token_logprobs
-from oxrl_core.training.packing import ATTENTION, pack, unpack, unpacking
+from oxrl_core.training.packing import pack, unpack, unpacking
 
 LENGTHS = [5, 9, 1, 7]  # a one-token sequence too: it predicts nothing
 
@@ -101,7 +102,7 @@ def test_flash_attention_is_given_grouped_query_heads_in_a_form_this_torch_accep
     """Query heads 14, key/value heads 2 (Qwen2.5-0.5B's) reach flash attention's kernel past torch's own checks: torch
     2.13 refuses them unless asked with enable_gqa. The CPU has no flash kernel, so reaching it ends in aten's
     NotImplementedError; the GPU lane runs the kernel itself (tests/gpu/test_packed_fused_gpu.py)."""
-    from oxrl_core.training.packing import flash_varlen_attention
+    from oxrl_core.training.attention import flash_varlen_attention
 
     q, kv = torch.randn(10, 14, 64, dtype=torch.bfloat16), torch.randn(10, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="_flash_attention_forward"):

@@ -1,4 +1,4 @@
-"""A vision tower's attention through oxrl's variable-length implementation (training/packing.py:VISION_ATTENTION):
+"""A vision tower's attention through oxrl's variable-length implementation (training/attention.py:VISION_ATTENTION):
 one call per block over all images' (or windows') patches, with the values of transformers' SDPA path, which calls
 SDPA once per window."""
 
@@ -8,8 +8,8 @@ from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-from oxrl_core.training.build import media_encoder
-from oxrl_core.training.packing import VISION_ATTENTION
+from oxrl_core.models.hub import media_encoder
+from oxrl_core.training.attention import VISION_ATTENTION
 
 
 def qwen25_windowed_tower() -> torch.nn.Module:
