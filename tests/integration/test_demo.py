@@ -58,6 +58,7 @@ def test_the_demo_shortened_to_two_steps_a_run_trains_evaluates_and_reports_thro
 
 @pytest.mark.own_ray_cluster  # `make demo` as a user runs it: no RAY_ADDRESS, so each run starts and stops its cluster
 @pytest.mark.slow  # 7 minutes: the demo's SFT and CISPO at full length; benchmarks/demo_spread.py measures its result
+@pytest.mark.timeout(1800)  # 7 minutes alone, over 10 beside another worker's test on 2 cores: past the suite's 600 s
 def test_demo_runs_sft_then_rl_improves_accuracy_and_writes_its_curves(oxrl):
     """What `make demo` runs after installing: the embedded default, end to end."""
     result = oxrl("demo")
