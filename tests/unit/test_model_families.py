@@ -67,7 +67,7 @@ CONVENTIONS = {
         {"<|end|>", "<|endoftext|>"},
     ),
 }
-for chatml in ("oxrl-tiny", "oxrl-tiny-qwen3", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen2-5-vl"):
+for chatml in ("oxrl-tiny", "oxrl-tiny-qwen3", "oxrl-tiny-qwen3-moe", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen2-5-vl"):
     CONVENTIONS[chatml] = (
         CHATML,
         "<|im_start|>assistant\n",

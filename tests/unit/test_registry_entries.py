@@ -27,6 +27,7 @@ PROMISED = {
     "Qwen/Qwen3-8B",
     "Qwen/Qwen3.5-27B",
     "Qwen/Qwen3.5-35B-A3B",
+    "Qwen/Qwen3-30B-A3B",
     "google/gemma-2-2b-it",
     "google/gemma-3-1b-it",
     "meta-llama/Llama-3.1-8B-Instruct",
