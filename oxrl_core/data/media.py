@@ -51,6 +51,7 @@ FAMILIES = {
     "qwen2_5_vl": QWEN_VL,
     "qwen3_vl": QWEN_VL,
     "qwen3_5": QWEN_VL,
+    "qwen3_5_moe": QWEN_VL,
     "idefics3": Family("image", "<image>"),
     "qwen2_audio": Family("audio", "<|AUDIO|>"),
 }

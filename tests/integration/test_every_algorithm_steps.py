@@ -131,6 +131,7 @@ FAMILY_MODELS = {
     "oxrl-tiny-qwen3-moe": "",
     "oxrl-tiny-qwen2-5-vl": "vlm_",
     "oxrl-tiny-qwen3-5": "vlm_",
+    "oxrl-tiny-qwen3-5-moe": "vlm_",
 }
 FAMILY_ALGS = ("dpo",)  # their RL step with vLLM: `oxrl onboard --verify` (test_families.py)
 

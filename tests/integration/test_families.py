@@ -28,8 +28,9 @@ FAMILY_MODELS = [
     "oxrl-tiny-qwen3-moe",
     "oxrl-tiny-qwen2-5-vl",
     "oxrl-tiny-qwen3-5",
+    "oxrl-tiny-qwen3-5-moe",
 ]
-MULTIMODAL = {"oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5"}
+MULTIMODAL = {"oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"}
 
 
 def assert_verified(entry, stdout: str) -> None:
@@ -56,7 +57,7 @@ def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_
     entry = load_entry(tmp_path / f"{name}.yaml")
     assert_verified(entry, result.stdout)
     assert entry.verified_by.startswith(f"{name} ({entry.architecture}, ") and entry.verified_by.endswith(" on CPU")
-    if name == "oxrl-tiny-qwen3-5":  # vLLM's CPU DeltaNet kernel is bf16's only
+    if name in ("oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"):  # vLLM's CPU DeltaNet kernel is bf16's only
         assert entry.verified_gap["sampler_dtype"] == "bfloat16" and "the vLLM engines run bfloat16" in result.stdout
         # bf16's own gap here is 1.0e-3; the bound for users' models (real 7Bs: 0.033-0.046) would not see a misplaced
         # weight of a tiny random model (1.6e-2 in float32), so the tiny one is held closer

@@ -261,8 +261,10 @@ FAMILY_MODELS = [
     "oxrl-tiny-gemma3",
     "oxrl-tiny-phi3",
     "oxrl-tiny-qwen3",
+    "oxrl-tiny-qwen3-moe",
     "oxrl-tiny-qwen2-5-vl",
     "oxrl-tiny-qwen3-5",
+    "oxrl-tiny-qwen3-5-moe",
 ]
 
 
@@ -277,7 +279,11 @@ def test_each_family_s_adapter_on_its_registry_targets_merges_into_the_adapter_a
 
     base_dir = resolve_tiny_model(name)
     targets = scout(str(base_dir)).entry.lora_targets
-    auto = AutoModelForMultimodalLM if name in ("oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5") else AutoModelForCausalLM
+    auto = (
+        AutoModelForMultimodalLM
+        if name in ("oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe")
+        else AutoModelForCausalLM
+    )
     torch.manual_seed(0)
     model = get_peft_model(
         auto.from_pretrained(base_dir, dtype=torch.float32), LoraConfig(r=R, lora_alpha=ALPHA, target_modules=targets)

@@ -67,7 +67,14 @@ CONVENTIONS = {
         {"<|end|>", "<|endoftext|>"},
     ),
 }
-for chatml in ("oxrl-tiny", "oxrl-tiny-qwen3", "oxrl-tiny-qwen3-moe", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen2-5-vl"):
+for chatml in (
+    "oxrl-tiny",
+    "oxrl-tiny-qwen3",
+    "oxrl-tiny-qwen3-moe",
+    "oxrl-tiny-qwen3-5",
+    "oxrl-tiny-qwen3-5-moe",
+    "oxrl-tiny-qwen2-5-vl",
+):
     CONVENTIONS[chatml] = (
         CHATML,
         "<|im_start|>assistant\n",
@@ -195,7 +202,7 @@ def test_qwen3_5_sequences_packed_in_one_row_have_the_logprobs_and_gradients_of_
     assert (naive[1, : lengths[1] - 1] - alone[1]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5"])
+@pytest.mark.parametrize("name", ["oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"])
 def test_lora_on_a_multimodal_entry_s_targets_stays_out_of_its_media_encoder(name):
     """Qwen2.5-VL's vision MLP has the language model's gate_proj, up_proj and down_proj: adapters there would
     train a frozen tower that no refresh sends."""

@@ -19,6 +19,7 @@ from oxrl_core.models.families import (
     qwen2_vl,
     qwen3,
     qwen3_5,
+    qwen3_5_moe,
     qwen3_moe,
     qwen3_vl,
 )
@@ -28,7 +29,7 @@ from oxrl_core.models.families.base import Family
 FAMILIES: list[Family] = [
     module.FAMILY
     for module in (qwen2, qwen2_vl, qwen2_5_vl, qwen3_vl, idefics3, qwen2_audio)
-    + (llama, mistral, gemma2, gemma3, phi3, qwen3, qwen3_5, qwen3_moe)
+    + (llama, mistral, gemma2, gemma3, phi3, qwen3, qwen3_5, qwen3_moe, qwen3_5_moe)
 ]
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 

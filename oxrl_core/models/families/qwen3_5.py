@@ -25,11 +25,19 @@ from oxrl_core.models.families.qwen3_vl import VISION, save_processor
 
 
 def build(folder: Path) -> None:
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    save_hybrid(Qwen3_5Config, Qwen3_5ForConditionalGeneration, {}, folder)
+
+
+def save_hybrid(config_class, model_class, text_widths: dict, folder: Path) -> None:
+    """A tiny Qwen3.5 of `config_class` and `model_class` (dense, or with the experts of `text_widths`): one DeltaNet
+    layer and one attention layer, Qwen3-VL's vision tower without deepstack, its tokenizer and processor."""
+    from transformers import Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     tokenizer, media_ids = vision_tokenizer()
-    config = Qwen3_5Config(
+    config = config_class(
         text_config=dict(
             **TEXT_WIDTHS,
             **chatml_ids(tokenizer),
@@ -51,13 +59,14 @@ def build(folder: Path) -> None:
                 "mrope_interleaved": True,
             },
             tie_word_embeddings=False,
+            **text_widths,
         ),
         vision_config={key: value for key, value in VISION.items() if key != "deepstack_visual_indexes"},
         **media_ids,
         tie_word_embeddings=False,
         dtype="float32",
     )
-    save_seeded(Qwen3_5ForConditionalGeneration, config, folder)
+    save_seeded(model_class, config, folder)
     save_processor(Qwen3VLProcessor, Qwen3VLVideoProcessor, tokenizer, folder)
 
 
@@ -66,9 +75,10 @@ def run_deltanet_per_sequence(model: torch.nn.Module) -> None:
     carries (`cu_seq_lens_q`), so that no state crosses from one sequence into the next; attention layers and
     unpacked calls are unchanged."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
 
     for layer in model.modules():
-        if isinstance(layer, Qwen3_5GatedDeltaNet):
+        if isinstance(layer, (Qwen3_5GatedDeltaNet, Qwen3_5MoeGatedDeltaNet)):
             layer.forward = partial(_each_sequence, layer.forward)
 
 
