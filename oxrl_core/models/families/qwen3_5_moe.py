@@ -8,24 +8,20 @@ engines run bfloat16. Its experts are fused in transformers, as Qwen3-MoE's (`qw
 Chat: Qwen3-VL's (ChatML with Qwen's vision markers).
 """
 
+from dataclasses import replace
 from pathlib import Path
 
-from oxrl_core.models.families.base import Family
-from oxrl_core.models.families.qwen3_5 import run_deltanet_per_sequence, save_hybrid
+from oxrl_core.models.families import qwen3_5
 
 
 def build(folder: Path) -> None:
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
     experts = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
-    save_hybrid(Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, experts, folder)
+    qwen3_5.save_hybrid(Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, experts, folder)
 
 
-FAMILY = Family(
-    model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
-    tiny_model="oxrl-tiny-qwen3-5-moe",
-    build=build,
-    chat="ChatML; an image part renders `<|vision_start|><|image_pad|><|vision_end|>`",
-    prepare_packed=run_deltanet_per_sequence,
-    cpu_sampler_dtype="bfloat16",
+# packed and sampled on CPU as Qwen3.5 (its DeltaNet layers per sequence, bf16 engines), with Qwen3.5's chat
+FAMILY = replace(
+    qwen3_5.FAMILY, model_types=("qwen3_5_moe", "qwen3_5_moe_text"), tiny_model="oxrl-tiny-qwen3-5-moe", build=build
 )

@@ -8,37 +8,17 @@ checkpoints one matrix per expert; vLLM's loader takes both, so a refresh sends 
 Chat: ChatML (`<|im_start|>role\\n` + content + `<|im_end|>\\n`), system allowed, `<|im_end|>` ends generation.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
-from oxrl_core.models.families.base import TEXT_WIDTHS, Family, save_seeded
-from oxrl_core.models.families.qwen2 import chatml_ids, chatml_tokenizer
+from oxrl_core.models.families import qwen3
 
 
 def build(folder: Path) -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    tokenizer = chatml_tokenizer()
-    tokenizer.save_pretrained(folder)
-    config = Qwen3MoeConfig(
-        **TEXT_WIDTHS,
-        **chatml_ids(tokenizer),
-        vocab_size=len(tokenizer),
-        head_dim=64,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        norm_topk_prob=True,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        tie_word_embeddings=False,
-        dtype="float32",
-    )
-    save_seeded(Qwen3MoeForCausalLM, config, folder)
+    experts = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+    qwen3.save_qwen3(Qwen3MoeConfig, Qwen3MoeForCausalLM, experts | dict(tie_word_embeddings=False), folder)
 
 
-FAMILY = Family(
-    model_types=("qwen3_moe",),
-    tiny_model="oxrl-tiny-qwen3-moe",
-    build=build,
-    chat="ChatML; system allowed",
-)
+FAMILY = replace(qwen3.FAMILY, model_types=("qwen3_moe",), tiny_model="oxrl-tiny-qwen3-moe", build=build)
