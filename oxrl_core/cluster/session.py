@@ -15,7 +15,7 @@ from oxrl_core.cluster.placement import PlacementRequest, decide, local_gpus
 from oxrl_core.cluster.shield import shielded_children
 from oxrl_core.cluster.watchdog import ActorWatch
 
-SHUTDOWN_GRACE_S = 10  # for the cluster's processes to exit after ray.shutdown, before they are killed
+SHUTDOWN_GRACE_S = 10  # for the cluster's killed processes to be reaped
 
 
 def start_ray(num_cpus: int | None = None) -> None:
@@ -76,13 +76,17 @@ def ray_cluster(request: PlacementRequest | None, hang_timeout_s: float):
             placement = decide(request, int(ray.cluster_resources().get("GPU", 0)))
         yield Reservation(placement, ActorWatch(hang_timeout_s)) if placement else None
     finally:
-        # A cluster of its own: its processes (Ray's, the actors', their engines' workers) are this one's descendants.
-        # ray.shutdown only tells them to go; one busy with a signal of its own (Ctrl-C reaches every process) may
-        # still run after this process has exited, holding its memory.
+        # A cluster of its own: its processes (Ray's, the actors', their engines' workers) are this one's descendants,
+        # all started with SIGTERM blocked. ray.shutdown would send each of Ray's five daemons SIGTERM and wait its
+        # second for it to exit before its SIGKILL, and the actors exit once their raylet is gone: 5 s a run. With
+        # the node forgotten, ray.shutdown only disconnects, and the cluster is killed at once; nothing in it has
+        # anything left to save (the ranks have saved and shut down).
         spawned = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+        node, ray._private.worker._global_node = ray._private.worker._global_node, None
         ray.shutdown()
-        _, lingering = psutil.wait_procs(spawned, timeout=SHUTDOWN_GRACE_S)
-        for process in lingering:
+        if node is not None and node.is_head():
+            node.destroy_external_storage()
+        for process in spawned:
             with suppress(psutil.NoSuchProcess):
                 process.kill()
-        psutil.wait_procs(lingering, timeout=SHUTDOWN_GRACE_S)
+        psutil.wait_procs(spawned, timeout=SHUTDOWN_GRACE_S)
