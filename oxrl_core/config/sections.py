@@ -45,6 +45,11 @@ class ModelSection(Section):
         description="Multimodal models: keep the vision encoder (and its merger) or the audio encoder frozen; "
         "false trains it too (full weights only: LoRA adapts the language model).",
     )
+    router_aux_loss: bool = Field(
+        False,
+        description="Mixtures of experts: add the router's load-balancing loss, as the model defines it, weighted by "
+        "its config's router_aux_loss_coef, to every algorithm's loss; off, it is logged only (router_aux_loss).",
+    )
 
 
 class LoraSection(Section):

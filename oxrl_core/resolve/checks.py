@@ -15,7 +15,8 @@ from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.config.sections import JudgeSection
 from oxrl_core.envs import resolve_env
 from oxrl_core.errors import OxrlError
-from oxrl_core.models.hub import meta_model, resolve_model
+from oxrl_core.models.families import FAMILIES, family_of
+from oxrl_core.models.hub import meta_model, model_type, resolve_model
 from oxrl_core.training.deepspeed_setup import deepspeed_config, name_the_accelerator
 from oxrl_core.training.spec import TrainerSpec
 
@@ -127,11 +128,25 @@ def check_config(config: SLConfig | RLConfig, algorithm: Algorithm) -> str:
     _check_writable(run.output_dir)
 
     model_path = resolve_model(config.model.name_or_path)
+    if config.model.router_aux_loss:
+        _check_router(model_path)
     if config.lora.enabled:
         _check_lora_targets(config.lora.target_modules, model_path, config.model.trust_remote_code)
     if algorithm.teacher:
         _check_teacher(train.settings.teacher, model_path)
     return model_path
+
+
+def _check_router(model_path: str) -> None:
+    """The load-balancing loss is a mixture of experts' own: one of a family whose router the trainer knows."""
+    kind = model_type(model_path)
+    family = family_of(kind)
+    if family is None or family.router is None:
+        routed = sorted(t for f in FAMILIES if f.router for t in f.model_types)
+        raise OxrlError(
+            f"model.router_aux_loss=true: {model_path} (model_type {kind}) has no router oxrl knows; the load-balancing "
+            f"loss applies to the mixtures of experts of model_type {', '.join(routed)}"
+        )
 
 
 def _check_teacher(teacher: str | None, student_path: str) -> None:

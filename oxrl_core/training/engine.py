@@ -7,6 +7,7 @@ a step, a gather or a checkpoint.
 
 import importlib
 import os
+import sys
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from oxrl_core.training.deepspeed_setup import deepspeed_config, deepspeed_engin
 from oxrl_core.training.logprobs import token_logprobs, token_logprobs_and_entropy
 from oxrl_core.training.packing import pack, unpack, unpacking
 from oxrl_core.training.publish import WeightPublisher
+from oxrl_core.training.routing import RouterRecord
 from oxrl_core.training.spec import TrainerSpec
 
 
@@ -38,6 +40,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
     ):
         """`master`: the address and a free port of rank 0's node, where the ranks meet."""
         name_the_accelerator()
+        # DeepSpeed's autotuner imports MLflow wherever it is installed, 1.2 s of every rank's start; a rank never logs
+        # to it (the driver does), so here that import fails at once (a process that has MLflow already keeps it)
+        sys.modules.setdefault("mlflow", None)
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         wait_for_builds()  # DeepSpeed may build ops from here on (its CPU collectives, CPU Adam): never on a dead lock
@@ -86,6 +91,12 @@ class TrainEngine(WeightPublisher, Checkpoints):
         # The starting policy, for a KL term or reference logprobs; KD's teacher (whose head only gives logits).
         self.reference, self.reference_head = frozen(model_path) if spec.reference_model else (None, None)
         self.teacher = frozen(resolve_model(spec.teacher))[0] if spec.teacher else None
+        # A mixture of experts: its training forwards' routing, counted, and its load-balancing loss (training/routing.py)
+        self.routing = None
+        if family and family.router:
+            policy = self._policy()
+            coef = policy.config.get_text_config().router_aux_loss_coef if spec.model.router_aux_loss else None
+            self.routing = RouterRecord(policy, family.router, coef)
         torch.manual_seed(spec.train.seed + rank)  # per-rank stream for dropout
 
     # -- training ---------------------------------------------------------------
@@ -111,13 +122,21 @@ class TrainEngine(WeightPublisher, Checkpoints):
         # Sums stay 0-d tensors on the device, read once at the end: each read would wait for the GPU's queue to drain.
         loss_sum, sums = 0.0, {}
         entropy_grad = args.entropy_grad  # PPO's entropy bonus needs the entropy's gradient; the others only report it
+        if self.routing:
+            self.routing.start_step()
         for batch in micro_batches:
             batch = self._to_device(batch)
-            outputs = self._forward(
-                batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None
-            )
+            mask = None if self.packed else batch["attention_mask"]  # a packed row holds tokens only
+            with self.routing.recording(mask) if self.routing else nullcontext([]) as balancing:
+                outputs = self._forward(
+                    batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None
+                )
             micro_loss, metrics = loss(outputs, batch, args)
-            self.engine.backward(micro_loss * scale)
+            objective = micro_loss
+            if self.routing and self.routing.aux_loss_coef is not None:  # its mean over the global batch's forwards
+                share = self.routing.aux_loss_coef / (len(micro_batches) * self.engine.world_size)
+                objective = micro_loss + share * balancing[0]
+            self.engine.backward(objective * scale)
             self.engine.step()
             loss_sum = loss_sum + micro_loss.detach()
             if with_entropy:
@@ -131,6 +150,8 @@ class TrainEngine(WeightPublisher, Checkpoints):
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": lr,
         }
+        if self.routing:
+            result |= self.routing.step_metrics()
         if torch.cuda.is_available():
             result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         return result

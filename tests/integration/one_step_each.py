@@ -1,16 +1,17 @@
 """One optimizer step of each named algorithm, from its shipped example, through its recipe and a real trainer rank.
 
 Run as a script by `test_every_algorithm_steps.py`: `python one_step_each.py MODEL OUT PORT STEP...`, a STEP being
-an algorithm (`dpo`: its example, `examples/dpo_tiny.yaml`, on MODEL) or `ALG:EXAMPLE:MODEL` (`dpo:vlm_dpo_tiny:PATH`:
-another example and model, e.g. a multimodal family's). For each it loads the example as `oxrl train` does
-(`resolve_run`: defaults, the algorithm's checks), shrunk to one rank and a small batch, builds the harness's `Run` and
-the recipe `oxrl train` would, and calls the recipe's `start` and `step(1)`: the recipe reads the data, builds the
-micro-batches, computes reference and old logprobs and advantages, and the rank (`TrainEngine`, one gloo process,
-in-process) runs the algorithm's loss, its backward and the optimizer step. What stands in is the cluster's plumbing
-only: the group calls the rank directly, and the vLLM engines are a sampler that answers each prompt right on its
-even samples and wrong on its odd ones (the tokens of `<answer>...</answer>`), so every group's rewards differ.
-Writes `OUT/results.json`: per STEP, its metrics, how far the trained weights moved and whether its micro-batches
-carried media.
+an algorithm (`dpo`: its example, `examples/dpo_tiny.yaml`, on MODEL) or `ALG:EXAMPLE:MODEL[:KEY=VALUE...]`
+(`dpo:vlm_dpo_tiny:PATH`: another example and model, e.g. a multimodal family's, with settings of its own). For each
+it loads the example as `oxrl train` does (`resolve_run`: defaults, the algorithm's checks), shrunk to one rank and
+a small batch, builds the harness's `Run` and the recipe `oxrl train` would, and calls the recipe's `start` and
+`step(1)`: the recipe reads the data, builds the micro-batches, computes reference and old logprobs and advantages,
+and the rank (`TrainEngine`, one gloo process, in-process) runs the algorithm's loss, its backward and the optimizer
+step. What stands in is the cluster's plumbing only: the group calls the rank directly, and the vLLM engines are a
+sampler that answers each prompt right on its even samples and wrong on its odd ones (the tokens of
+`<answer>...</answer>`), so every group's rewards differ.
+Writes `OUT/results.json`: per STEP, its metrics, how far the trained weights moved, whether its micro-batches
+carried media and, for a mixture of experts, the tokens each expert received (expert_load.jsonl).
 """
 
 import gc
@@ -77,7 +78,7 @@ def prompt_key(prompt_ids: list[int], media) -> tuple:
     return tuple(prompt_ids), tuple(bytes(np.asarray(m).tobytes()) for m in media or ())
 
 
-def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> dict:
+def one_step(alg: str, example: Path, model_path: str, settings: list[str], out: Path, port: int) -> dict:
     algorithm = ALGORITHMS[alg]
     overrides = [
         f"train.alg={alg}",
@@ -87,6 +88,7 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
         "train.warmup_steps=0",
         f"run.output_dir={out}",
         *(RL_BATCH if algorithm.loop == "rl" else SL_BATCH),
+        *settings,
     ]
     if algorithm.teacher:
         overrides.append(f"train.kd.teacher={model_path}")
@@ -114,15 +116,17 @@ def one_step(alg: str, example: Path, model_path: str, out: Path, port: int) -> 
     metrics = recipe.step(1)
     moved = float((torch.cat([p.detach().flatten() for p in trained]) - before).abs().max())
     result = {"metrics": metrics, "weights_moved": moved, "trained_on_media": group.trained_on_media}
+    if (run_dir / "expert_load.jsonl").is_file():  # a mixture of experts' tokens per expert
+        result["expert_load"] = [json.loads(line) for line in (run_dir / "expert_load.jsonl").read_text().splitlines()]
     del engine, group, run, recipe, trained
     gc.collect()
     return result
 
 
-def parse(step: str, model: str) -> tuple[str, Path, str]:
-    alg, _, rest = step.partition(":")
-    example, _, other_model = rest.partition(":")
-    return alg, Path("examples") / f"{example or EXAMPLE_OF.get(alg, alg) + '_tiny'}.yaml", other_model or model
+def parse(step: str, model: str) -> tuple[str, Path, str, list[str]]:
+    alg, example, other_model, *settings = step.split(":") + ["", ""]
+    example_file = Path("examples") / f"{example or EXAMPLE_OF.get(alg, alg) + '_tiny'}.yaml"
+    return alg, example_file, other_model or model, [s for s in settings if s]
 
 
 if __name__ == "__main__":

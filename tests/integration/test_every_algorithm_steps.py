@@ -7,6 +7,7 @@ resume) are in test_rl.py, test_sft.py and test_preference.py; this is what prov
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,14 +137,35 @@ FAMILY_MODELS = {
 FAMILY_ALGS = ("dpo",)  # their RL step with vLLM: `oxrl onboard --verify` (test_families.py)
 
 
+MIXTURES_OF_EXPERTS = {"oxrl-tiny-qwen3-moe": 2, "oxrl-tiny-qwen3-5-moe": 2}  # each one's layers
+HEAVY_BALANCING = 1000.0  # the load-balancing loss's weight in a copy of the tiny Qwen3-MoE's config (its own: 0.001)
+
+
+def heavy_balancing_copies(out: Path) -> dict[bool, Path]:
+    """The tiny Qwen3-MoE with its load-balancing loss weighted HEAVY_BALANCING, twice (a run folder each): the step
+    with model.router_aux_loss off (key False) and on (True)."""
+    source = Path(resolve_tiny_model("oxrl-tiny-qwen3-moe"))
+    copies = {on: out / f"heavy-balancing-{'on' if on else 'off'}" for on in (False, True)}
+    for copy in copies.values():
+        shutil.copytree(source, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps(config | {"router_aux_loss_coef": HEAVY_BALANCING}))
+    return copies
+
+
 @pytest.fixture(scope="module")
 def family_steps(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("one-step-families")
     entries = {
         (model, alg): f"{alg}:{prefix}{alg}_tiny:{resolve_tiny_model(model)}"
         for model, prefix in FAMILY_MODELS.items()
         for alg in FAMILY_ALGS
     }
-    results = one_step_each(tmp_path_factory.mktemp("one-step-families"), "unused", list(entries.values()))
+    entries |= {
+        ("heavy-balancing", on): f"dpo:dpo_tiny:{path}:model.router_aux_loss={str(on).lower()}"
+        for on, path in heavy_balancing_copies(out).items()
+    }
+    results = one_step_each(out, "unused", list(entries.values()))
     return {key: results[entry] for key, entry in entries.items()}
 
 
@@ -156,3 +178,32 @@ def test_each_family_takes_a_preference_step_through_the_rank(family_steps, mode
     assert step["weights_moved"] == pytest.approx(metrics["lr"], rel=0.05), metrics
     assert PAIR_METRICS <= metrics.keys(), metrics
     assert step["trained_on_media"] == (FAMILY_MODELS[model] == "vlm_")
+
+
+@pytest.mark.parametrize("model", MIXTURES_OF_EXPERTS)
+def test_a_mixture_of_experts_step_reports_each_layers_expert_load_and_its_load_balancing_loss(family_steps, model):
+    step = family_steps[model, "dpo"]
+    metrics, layers = step["metrics"], MIXTURES_OF_EXPERTS[model]
+    [load] = step["expert_load"]  # one step: one line of tokens per expert, [layer][expert]
+    tokens = load["tokens_per_expert"]
+    assert load["step"] == 1 and len(tokens) == layers and all(len(row) == 8 for row in tokens)
+    # every layer routes the same tokens, 2 choices each (top-2), to 2 different experts
+    assert len({sum(row) for row in tokens}) == 1 and sum(tokens[0]) % 2 == 0 and sum(tokens[0]) > 0
+    for i, row in enumerate(tokens):
+        assert metrics[f"expert_load_max_over_mean/layer_{i}"] == pytest.approx(max(row) / (sum(row) / 8))
+    assert 1 <= metrics["expert_load_max_over_mean"] <= 8 / 2
+    assert metrics["expert_load_max_over_mean"] == pytest.approx(
+        sum(metrics[f"expert_load_max_over_mean/layer_{i}"] for i in range(layers)) / layers
+    )
+    # Switch's loss, E * sum_e f_e P_e with f_e the share of the k choices: k (2) where the router is uniform, as the
+    # tiny random routers nearly are
+    assert metrics["router_aux_loss"] == pytest.approx(2, rel=0.1), metrics
+
+
+def test_the_load_balancing_loss_trains_the_router_only_when_asked(family_steps):
+    off, on = family_steps["heavy-balancing", False]["metrics"], family_steps["heavy-balancing", True]["metrics"]
+    # the same forward: the same routing and loss, measured either way
+    assert on["router_aux_loss"] == pytest.approx(off["router_aux_loss"], rel=1e-6)
+    assert on["loss"] == pytest.approx(off["loss"], rel=1e-6)  # the algorithm's loss; the balancing term apart
+    # weighted 1000-fold, its gradient outweighs DPO's: off, the step's gradient is DPO's alone
+    assert on["grad_norm"] > 2 * off["grad_norm"], (on["grad_norm"], off["grad_norm"])

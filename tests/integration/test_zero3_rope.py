@@ -47,22 +47,35 @@ def run(zero_stage):
 
 
 # ZeRO-3 last: a live HfDeepSpeedConfig would build the other stage's models partitioned
-torch.save({"zero1": run(1), "zero3": run(3)}, out / "results.pt")
+results = {"zero1": run(1), "zero3": run(3)}
+torch.save(results | {"mlflow_imported": sys.modules.get("mlflow") is not None}, out / "results.pt")
 """
 
 
-def test_zero3_keeps_ropes_inverse_frequencies_in_float32_and_the_logprobs_of_zero1(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def ranks_results(tmp_path_factory, tiny_model_dir) -> dict:
+    out = tmp_path_factory.mktemp("zero3-rope")
     rank = subprocess.run(
-        [sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(tmp_path)],
+        [sys.executable, "-c", RANK, str(tiny_model_dir), str(free_port()), str(out)],
         env={**os.environ, "DS_ACCELERATOR": "cpu"},
         timeout=600,
     )
-    assert rank.returncode == 0, (tmp_path / "logs" / "rank0.log").read_text()[-3000:]
-    results = torch.load(tmp_path / "results.pt", weights_only=False)
-    zero1, zero3 = results["zero1"], results["zero3"]
+    assert rank.returncode == 0, (out / "logs" / "rank0.log").read_text()[-3000:]
+    return torch.load(out / "results.pt", weights_only=False)
+
+
+def test_zero3_keeps_ropes_inverse_frequencies_in_float32_and_the_logprobs_of_zero1(ranks_results):
+    zero1, zero3 = ranks_results["zero1"], ranks_results["zero3"]
     assert zero1["rotary"].keys() == zero3["rotary"].keys() and any(k.startswith("reference.") for k in zero1["rotary"])
     gaps = {which: (zero3[which] - zero1[which]).abs().max().item() for which in ("policy", "reference")}
     print("largest |ZeRO-3 - ZeRO-1| token logprob", gaps)
     for name, buffer in zero3["rotary"].items():
         assert buffer.dtype == torch.float32 and torch.equal(buffer, zero1["rotary"][name]), name
     assert all(gap < 1e-3 for gap in gaps.values())
+
+
+def test_a_rank_leaves_mlflow_unimported_though_deepspeed_imports_it_where_installed(ranks_results):
+    import importlib.util
+
+    assert importlib.util.find_spec("mlflow") is not None  # installed here: DeepSpeed's autotuner would import it
+    assert ranks_results["mlflow_imported"] is False

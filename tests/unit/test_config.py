@@ -6,6 +6,7 @@ import yaml
 from oxrl_core.config.load import dump_config, load_config
 from oxrl_core.config.schema import RLConfig, SLConfig
 from oxrl_core.errors import OxrlError
+from oxrl_core.models.tiny import resolve_tiny_model
 from oxrl_core.resolve.run import resolve_run, resolved
 
 
@@ -84,6 +85,20 @@ def test_lora_target_absent_from_model_is_rejected_with_the_real_names(tmp_path,
     message = rejected(tmp_path, good, ["lora.enabled=true", "lora.target_modules=[q_proj, qkv]"])
     assert "lora.target_modules" in message and "'qkv'" in message
     assert "q_proj" in message and "down_proj" in message
+
+
+def test_the_load_balancing_loss_on_a_model_without_experts_is_rejected_naming_those_with_them(
+    tmp_path, good, tiny_model_dir
+):
+    message = rejected(tmp_path, good, ["model.router_aux_loss=true"])
+    assert message == (
+        f"model.router_aux_loss=true: {tiny_model_dir} (model_type qwen2) has no router oxrl knows; the "
+        "load-balancing loss applies to the mixtures of experts of model_type qwen3_5_moe, qwen3_5_moe_text, qwen3_moe"
+    )
+    moe = resolve_tiny_model("oxrl-tiny-qwen3-moe")
+    assert load(
+        tmp_path, good, ["model.router_aux_loss=true", f"model.name_or_path={moe}"]
+    ).config.model.router_aux_loss
 
 
 def test_missing_data_file_is_rejected(tmp_path, good):

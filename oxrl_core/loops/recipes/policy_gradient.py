@@ -39,6 +39,7 @@ from oxrl_core.rewards.length import overlong_penalty
 from oxrl_core.rollout.episodes import TurnTemplate, stream_episodes
 from oxrl_core.rollout.records import Rollout, round_seed
 from oxrl_core.training.engine import TrainEngine
+from oxrl_core.training.routing import expert_load_metrics
 
 
 class SamplingStopped(Exception):
@@ -385,7 +386,9 @@ class PolicyGradient:
                 temperature=self.rollout.temperature,
                 with_entropy=True,
             )
-        metrics = train_metrics(results, num_tokens, self.algorithm.metrics)
+        metrics = train_metrics(results, num_tokens, self.algorithm.metrics) | expert_load_metrics(
+            results, self.run.run_dir, step
+        )
         if non_finite(loss=torch.tensor(metrics["loss"]), grad_norm=torch.tensor(metrics["grad_norm"])):
             raise RuntimeError(
                 f"step {step}: non-finite loss or gradient after the update; the weights since the last "

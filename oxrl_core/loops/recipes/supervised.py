@@ -24,6 +24,7 @@ from oxrl_core.data.sampler import MixedSampler
 from oxrl_core.data.sft import collate_sft
 from oxrl_core.loops.harness import Run
 from oxrl_core.training.engine import TrainEngine
+from oxrl_core.training.routing import ROUTING, expert_load_metrics
 
 LOADERS = {
     "conversations": load_sft_examples,
@@ -111,7 +112,7 @@ class OfflineSupervised:
             metrics["trainer_peak_memory_gb"] = max(r["peak_memory_gb"] for r in results)
         if self.algorithm.kl_baseline:
             metrics["kl_baseline"] = args.kl_baseline
-        return metrics
+        return metrics | expert_load_metrics(results, self.run.run_dir, step)
 
     def batch(self, step: int) -> tuple[list, list[torch.Tensor] | None, dict]:
         """The step's examples, their reference logprobs (or None) and statistics of how they were made."""
@@ -218,5 +219,5 @@ def deal(batches: list[dict], ranks: int) -> list[list[dict]]:
 
 def summed(results: list[dict]) -> dict:
     """Every rank's metric sums added up."""
-    keys = [k for k in results[0] if k not in ("grad_norm", "lr", "peak_memory_gb")]
+    keys = [k for k in results[0] if k not in ("grad_norm", "lr", "peak_memory_gb", *ROUTING)]
     return {k: sum(r[k] for r in results) for k in keys}

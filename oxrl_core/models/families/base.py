@@ -39,6 +39,9 @@ class Family:
     # the attention its trainer must load, where sdpa and the packed kernel compute another (then it runs padded)
     trainer_attention: str | None = None
     cpu_sampler_dtype: str | None = None  # the dtype vLLM's CPU kernels need for it, when not the trainer's
+    # a mixture of experts: the class of its MoE layers' top-k router, whose choices the trainer counts and whose
+    # load-balancing loss it can add (training/routing.py)
+    router: str | None = None
 
 
 def save_seeded(model_class, config, folder: Path) -> None:

@@ -23,5 +23,9 @@ def build(folder: Path) -> None:
 
 # packed and sampled on CPU as Qwen3.5 (its DeltaNet layers per sequence, bf16 engines), with Qwen3.5's chat
 FAMILY = replace(
-    qwen3_5.FAMILY, model_types=("qwen3_5_moe", "qwen3_5_moe_text"), tiny_model="oxrl-tiny-qwen3-5-moe", build=build
+    qwen3_5.FAMILY,
+    model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
+    tiny_model="oxrl-tiny-qwen3-5-moe",
+    build=build,
+    router="Qwen3_5MoeTopKRouter",
 )

@@ -21,4 +21,10 @@ def build(folder: Path) -> None:
     qwen3.save_qwen3(Qwen3MoeConfig, Qwen3MoeForCausalLM, experts | dict(tie_word_embeddings=False), folder)
 
 
-FAMILY = replace(qwen3.FAMILY, model_types=("qwen3_moe",), tiny_model="oxrl-tiny-qwen3-moe", build=build)
+FAMILY = replace(
+    qwen3.FAMILY,
+    model_types=("qwen3_moe",),
+    tiny_model="oxrl-tiny-qwen3-moe",
+    build=build,
+    router="Qwen3MoeTopKRouter",
+)
