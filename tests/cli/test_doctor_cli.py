@@ -22,8 +22,24 @@ def checks_of(report: dict) -> dict[str, dict]:
     return {check["name"]: check for check in report["checks"]}
 
 
-def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl):
-    result = oxrl("doctor", "--json", "--deep")
+@pytest.fixture(scope="module")
+def planted(oxrl, tmp_path_factory) -> dict:
+    """One deep doctor run on a machine with two planted warnings, each check's own subject: an nvcc that is found but
+    cannot run, and a build lock a killed run left an hour ago. (Each doctor run costs 15 s; one serves three tests.)"""
+    home = tmp_path_factory.mktemp("doctor")
+    nvcc = home / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("not a program")
+    lock = home / "ext" / "py311_cpu" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    env = {"CUDA_HOME": str(home / "cuda"), "TORCH_EXTENSIONS_DIR": str(home / "ext")}
+    return {"env": env, "lock": lock, "result": oxrl("doctor", "--json", "--deep", env=env)}
+
+
+def test_json_report_validates_against_the_schema_and_exit_code_follows_it(planted):
+    result = planted["result"]
     report = report_of(result)
     assert result.returncode == (1 if report["status"] == "fail" else 0), result.stdout
     checks = checks_of(report)
@@ -50,6 +66,7 @@ def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl)
         "deepspeed accelerator",
         "ray cluster",
         "all-reduce",
+        "build locks",
     ):
         assert name in checks, name
     if "gpu" in checks:  # no NVIDIA GPU here: CPU mode, explained, not a failure
@@ -57,16 +74,12 @@ def test_json_report_validates_against_the_schema_and_exit_code_follows_it(oxrl)
     assert checks["ray cluster"]["status"] == "ok" and checks["all-reduce"]["status"] == "ok", checks
 
 
-def test_warnings_exit_0_unless_strict(oxrl, tmp_path):
-    nvcc = tmp_path / "bin" / "nvcc"
-    nvcc.parent.mkdir()
-    nvcc.write_text("not a program")  # found but cannot run: a warning
-    env = {"CUDA_HOME": str(tmp_path)}
-    relaxed = oxrl("doctor", "--json", env=env)
+def test_warnings_exit_0_unless_strict(oxrl, planted):
+    relaxed = planted["result"]
     report = report_of(relaxed)
     assert checks_of(report)["nvcc"]["status"] == "warn" and report["status"] == "warn", relaxed.stdout
     assert relaxed.returncode == 0
-    strict = oxrl("doctor", "--json", "--strict", env=env)
+    strict = oxrl("doctor", "--json", "--strict", env=planted["env"])
     assert strict.returncode == 1 and report_of(strict)["status"] == "warn"
 
 
@@ -92,18 +105,21 @@ def test_smoke_runs_one_rl_step_through_the_real_stack(oxrl):
     assert "policy version 1" in checks["rl step"]["finding"]
 
 
-def test_a_stale_build_lock_makes_the_doctor_warn_and_a_run_stop_at_once_naming_it(oxrl, tmp_path):
+def test_a_stale_build_lock_makes_the_doctor_warn_and_a_run_stop_at_once_naming_it(oxrl, planted, tmp_path):
     """A run killed while DeepSpeed compiled an op left its lock: runs would wait on it until their hang deadline."""
-    lock = tmp_path / "ext" / "py311_cpu" / "cpu_adam" / "lock"
-    lock.parent.mkdir(parents=True)
-    lock.touch()
-    os.utime(lock, (time.time() - 3600, time.time() - 3600))
-    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    check = checks_of(report_of(oxrl("doctor", "--json", env=env)))["build locks"]
+    lock = planted["lock"]
+    check = checks_of(report_of(planted["result"]))["build locks"]
     assert check["status"] == "warn" and "1.0 h old" in check["finding"] and check["fix"] == f"rm {lock}", check
     start = time.monotonic()
     run = oxrl(
-        "train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={tmp_path}", env=env
+        "train",
+        "sl",
+        "--alg",
+        "sft",
+        "--config",
+        "examples/sft_tiny.yaml",
+        f"run.output_dir={tmp_path}",
+        env=planted["env"],
     )
     assert time.monotonic() - start < 60
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == (

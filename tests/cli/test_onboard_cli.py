@@ -1,6 +1,7 @@
 """`oxrl onboard` through the console script: the report, the files it writes, its errors, --list, --verify."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -8,9 +9,30 @@ import yaml
 from oxrl_core.model_registry.schema import SHIPPED_DIR, load_entry
 
 WIDE = {"COLUMNS": "250"}  # rich wraps table cells to the terminal's width
+REPO = Path(__file__).resolve().parents[2]
 
 
-def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_configs(oxrl, tiny_model_dir, tmp_path):
+@pytest.fixture
+def dry_run(monkeypatch):
+    """`oxrl train COMMAND --config CONFIG --dry-run` in this process (the full load: schema and checks; the console
+    script's start-up, seconds a call, is the other tests'), from the repository as `oxrl` runs: the resolved config."""
+    from typer.testing import CliRunner
+
+    from oxrl_cli.main import app
+
+    monkeypatch.chdir(REPO)
+
+    def run(command: str, config: Path) -> dict:
+        result = CliRunner().invoke(app, ["train", command, "--config", str(config), "--dry-run"])
+        assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+        return yaml.safe_load(result.stdout)
+
+    return run
+
+
+def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_configs(
+    oxrl, dry_run, tiny_model_dir, tmp_path
+):
     result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, env=WIDE)
     assert result.returncode == 0, result.stderr
     for row in (
@@ -26,9 +48,7 @@ def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_confi
     assert entry.model == str(tiny_model_dir) and entry.status == "config-ready" and entry.recommended_mode == "full"
     configs = tmp_path / f"local--{tiny_model_dir.name}"
     for name, command in (("sft.yaml", "sl"), ("rl.yaml", "rl")):
-        check = oxrl("train", command, "--config", configs / name, "--dry-run")  # the full load: schema and checks
-        assert check.returncode == 0, check.stderr
-        assert yaml.safe_load(check.stdout)["model"]["name_or_path"] == str(tiny_model_dir)
+        assert dry_run(command, configs / name)["model"]["name_or_path"] == str(tiny_model_dir)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +60,7 @@ def test_onboarding_a_model_folder_reports_it_and_writes_a_valid_entry_and_confi
     ],
 )
 def test_onboarding_each_tiny_multimodal_model_writes_a_trainable_entry_and_configs_on_its_counting_task(
-    oxrl, request, tmp_path, model_dir, architecture, model_class, task
+    oxrl, dry_run, request, tmp_path, model_dir, architecture, model_class, task
 ):
     model_dir = request.getfixturevalue(model_dir)
     result = oxrl("onboard", model_dir, "--out", tmp_path, env=WIDE)
@@ -48,9 +68,7 @@ def test_onboarding_each_tiny_multimodal_model_writes_a_trainable_entry_and_conf
     entry = load_entry(tmp_path / f"local--{model_dir.name}.yaml")
     assert (entry.architecture, entry.model_class, entry.oxrl_trainable) == (architecture, model_class, True)
     for name, command in (("sft.yaml", "sl"), ("rl.yaml", "rl")):
-        check = oxrl("train", command, "--config", tmp_path / f"local--{model_dir.name}" / name, "--dry-run")
-        assert check.returncode == 0, check.stderr
-        assert task in yaml.safe_load(check.stdout)["data"]["train"][0]["path"]
+        assert task in dry_run(command, tmp_path / f"local--{model_dir.name}" / name)["data"]["train"][0]["path"]
 
 
 def test_a_model_without_chat_template_is_reported_then_refused_with_exit_2(oxrl, tiny_model_dir, tmp_path):
