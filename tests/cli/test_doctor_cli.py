@@ -110,17 +110,9 @@ def test_a_stale_build_lock_makes_the_doctor_warn_and_a_run_stop_at_once_naming_
     lock = planted["lock"]
     check = checks_of(report_of(planted["result"]))["build locks"]
     assert check["status"] == "warn" and "1.0 h old" in check["finding"] and check["fix"] == f"rm {lock}", check
+    sft = ("train", "sl", "--alg", "sft", "--config", "examples/sft_tiny.yaml", f"run.output_dir={tmp_path}")
     start = time.monotonic()
-    run = oxrl(
-        "train",
-        "sl",
-        "--alg",
-        "sft",
-        "--config",
-        "examples/sft_tiny.yaml",
-        f"run.output_dir={tmp_path}",
-        env=planted["env"],
-    )
+    run = oxrl(*sft, env=planted["env"])
     assert time.monotonic() - start < 60
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == (
         f"error: {lock}: a build lock left by an interrupted build (1.0 h old, held by no process); every run that "
