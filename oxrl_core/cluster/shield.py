@@ -4,8 +4,8 @@ Schedulers do not signal one process: at preemption or its time limit Slurm send
 job, `timeout` to its whole process group. Ray's own processes (its daemons, the trainer ranks' and engines'
 workers) would die at once, and the driver could not save the step it was finishing. A process started with
 SIGTERM blocked keeps it pending instead, and so do all it starts in turn (the mask is inherited through fork and
-exec); the driver, which alone handles SIGTERM (loops/signals.py), saves and then shuts them down: ray.shutdown
-kills what does not exit on its SIGTERM, and a scheduler's SIGKILL after its grace period ends them in any case.
+exec); the driver, which alone handles SIGTERM (loops/signals.py), saves and then ends them: a cluster it started
+is killed (cluster/session.py), and a scheduler's SIGKILL after its grace period ends them in any case.
 Ray blocks SIGINT in its processes itself, for Ctrl-C, which reaches the whole foreground process group.
 
     python -m oxrl_core.cluster.shield ray start --head --block   # a Ray node started by a job script

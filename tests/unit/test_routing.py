@@ -79,7 +79,7 @@ def test_the_steps_expert_load_adds_the_ranks_tokens_and_writes_them_per_expert(
         {"expert_tokens": [[0, 4, 2, 2], [3, 3, 3, 3]], "router_aux_loss": 1.75, "loss": 0.5},
     ]
     metrics = expert_load_metrics(ranks, tmp_path, step=7)
-    # layer 0: [4, 4, 4, 4], balanced; layer 1: [4, 4, 4, 4] too, though neither rank's alone is
+    # layer 0: [4, 4, 4, 4], balanced though neither rank's alone is; layer 1: [4, 4, 4, 4] too
     assert metrics == {
         "router_aux_loss": 1.5,
         "expert_load_max_over_mean": 1.0,
