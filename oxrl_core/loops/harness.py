@@ -204,6 +204,7 @@ def start_actors(
         log_dir,
         reservation,
         group,
+        record_routes=resolved.router_replay is not None,
     )
 
 

@@ -60,7 +60,8 @@ class RegistryEntry(BaseModel):
     verified_gap: dict[str, float | str] | None = Field(
         None,
         description="The sampler-trainer gap --verify measured (mean |log p| per response token): from the "
-        "checkpoint, after a refresh, and the engines' dtype.",
+        "checkpoint, after a refresh, and the engines' dtype; a mixture of experts' routing agreement too (the "
+        "lower step's share of token-layers whose trainer router chose the engine's experts, replayed regardless).",
     )
 
     unverified_because: str | None = Field(

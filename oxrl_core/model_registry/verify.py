@@ -4,6 +4,8 @@ The RL run trains LoRA adapters on the entry's own targets, and its second step 
 step's refresh sent to the engines. Each step measures the sampler-trainer gap, the mean |log p_vLLM - log p_trainer|
 over the response tokens: at step 1 it checks that vLLM reads the model's checkpoint as the trainer does, at step 2
 that the refresh puts every trained weight where vLLM reads it. It must stay within GAP_BOUND for the engines' dtype.
+A mixture of experts' RL steps replay the engines' routes (`rollout.router_replay`, on by default); each step also
+measures how often the trainer's own routers chose the engines' experts, recorded as `routing_agreement`.
 """
 
 import math
@@ -76,6 +78,7 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
     if [h["step"] for h in history] != [1, 2] or not all(math.isfinite(h["loss"]) for h in history):
         raise OxrlError(f"--verify: the RL steps on {entry.model} did not finish with finite losses: {history}")
     gaps = [h["logprob_gap_abs"] for h in history]
+    routed = {"routing_agreement": min(h["routing_agreement"] for h in history)} if run.router_replay else {}
     bound = GAP_BOUND[run.sampler_dtype]
     if not all(gap <= bound for gap in gaps):
         raise OxrlError(
@@ -90,7 +93,7 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
             "verified_versions": _versions(),
             "verified_by": f"{_name(entry.model)} ({entry.architecture}, {entry.params / 1e6:,.1f}M parameters) on "
             f"{_device()}",
-            "verified_gap": {"checkpoint": gaps[0], "refresh": gaps[1], "sampler_dtype": run.sampler_dtype},
+            "verified_gap": {"checkpoint": gaps[0], "refresh": gaps[1], "sampler_dtype": run.sampler_dtype} | routed,
         }
     )
 

@@ -37,8 +37,9 @@ def placement_request(config: SLConfig | RLConfig, algorithm: Algorithm) -> Plac
     )
 
 
-def trainer_spec(config: SLConfig | RLConfig, algorithm: Algorithm) -> TrainerSpec:
-    """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models."""
+def trainer_spec(config: SLConfig | RLConfig, algorithm: Algorithm, router_replay: bool = False) -> TrainerSpec:
+    """What the trainer ranks are told of the run: the sections they use and what its algorithm needs of the models;
+    `router_replay`: the resolved `rollout.router_replay` (`resolve.run`)."""
     settings = config.train.settings
     return TrainerSpec(
         model=config.model,
@@ -51,6 +52,7 @@ def trainer_spec(config: SLConfig | RLConfig, algorithm: Algorithm) -> TrainerSp
         scalar_head=algorithm.scalar_head,
         teacher=settings.teacher if algorithm.teacher else None,
         check_grad_overflow=algorithm.loop == "sl",
+        router_replay=router_replay,
     )
 
 
@@ -142,11 +144,17 @@ def _check_router(model_path: str) -> None:
     kind = model_type(model_path)
     family = family_of(kind)
     if family is None or family.router is None:
-        routed = sorted(t for f in FAMILIES if f.router for t in f.model_types)
         raise OxrlError(
             f"model.router_aux_loss=true: {model_path} (model_type {kind}) has no router oxrl knows; the load-balancing "
-            f"loss applies to the mixtures of experts of model_type {', '.join(routed)}"
+            f"loss applies to {router_model_types()}"
         )
+
+
+def router_model_types() -> str:
+    """The mixtures of experts whose routers oxrl knows, in words."""
+    return "the mixtures of experts of model_type " + ", ".join(
+        sorted(t for f in FAMILIES if f.router for t in f.model_types)
+    )
 
 
 def _check_teacher(teacher: str | None, student_path: str) -> None:

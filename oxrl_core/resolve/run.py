@@ -15,9 +15,10 @@ from oxrl_core.algs.registry import ALGORITHMS
 from oxrl_core.cluster.placement import PlacementRequest
 from oxrl_core.config.load import apply_override, read_tree, validate
 from oxrl_core.config.schema import RLConfig, SLConfig
+from oxrl_core.errors import OxrlError
 from oxrl_core.models.families import family_of
 from oxrl_core.models.hub import model_type
-from oxrl_core.resolve.checks import check_config, placement_request, trainer_spec
+from oxrl_core.resolve.checks import check_config, placement_request, router_model_types, trainer_spec
 from oxrl_core.training.deepspeed_setup import model_dtype
 from oxrl_core.training.spec import TrainerSpec
 
@@ -31,6 +32,9 @@ class ResolvedRun:
     trainer: TrainerSpec  # what the trainer ranks are told
     sampler_dtype: str  # the vLLM engines': the trainer's, unless vLLM's CPU kernels need another for the family
     notes: tuple[str, ...]  # what the run does otherwise than its config says, for its model's family: said at start
+    # a mixture of experts that samples: the engines record routes, and the trainer replays them (True) or only
+    # compares its own (False); None: nothing routes (a dense model) or nothing samples
+    router_replay: bool | None
 
 
 def resolve_run(
@@ -65,8 +69,17 @@ def resolved(config: SLConfig | RLConfig) -> ResolvedRun:
             notes = (
                 f"the vLLM engines run {sampler_dtype} (vLLM's CPU kernels for it take no other), the trainer {dtype}",
             )
+    replay = config.rollout.router_replay
+    if family and family.router and algorithm.generates:
+        replay = replay is not False
+    elif replay:
+        raise OxrlError(
+            f"rollout.router_replay=true: {model_path} has no router oxrl records ({router_model_types()}) or "
+            f"train.alg={config.train.alg} samples nothing; leave it unset"
+        )
     placement = placement_request(config, algorithm)
-    return ResolvedRun(config, algorithm, model_path, placement, trainer_spec(config, algorithm), sampler_dtype, notes)
+    spec = trainer_spec(config, algorithm, router_replay=bool(replay))
+    return ResolvedRun(config, algorithm, model_path, placement, spec, sampler_dtype, notes, replay)
 
 
 def this_machines_defaults(tree: dict, schema: type[SLConfig] | type[RLConfig]) -> dict:

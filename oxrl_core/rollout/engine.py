@@ -16,6 +16,7 @@ import torch
 from oxrl_core.data.media import collapse_media_tokens, media_policy
 from oxrl_core.errors import OxrlError
 from oxrl_core.rollout.records import Completion, Rollout, SampleRequest
+from oxrl_core.rollout.routes import RouteRecorder
 from oxrl_core.weights.transport import WeightChannel, WeightSpec, open_ipc
 
 # vLLM's CPU backend keeps the KV cache in blocks of this many tokens and runs at most this many sequences at once.
@@ -164,6 +165,7 @@ class RolloutEngine:
         max_num_seqs: int,
         log_path: Path | None = None,
         tensor_parallel: tuple[int, int, str, int] | None = None,
+        record_routes: bool = False,
     ):
         """`max_num_seqs`: the sequences one generate call holds at once (more wait their turn). On CPU they size
         the KV cache; on GPU vLLM takes `gpu_memory_utilization` of the memory. With `log_path` (an engine in its own
@@ -172,7 +174,10 @@ class RolloutEngine:
 
         `tensor_parallel` (rank, size, address, port): this process is one worker of an engine of that many, each
         an `RolloutEngine` on its own GPU, meeting at address:port. vLLM's external launcher runs them in lockstep:
-        every worker is given the same requests and produces the same outputs."""
+        every worker is given the same requests and produces the same outputs.
+
+        `record_routes` (a mixture of experts): each completion carries the experts its tokens were routed to
+        (rollout/routes.py)."""
         # The engine core stays in this process: the weight loader runs here, beside the weight channel
         # (collective_rpc still wants leave to take a function).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -231,6 +236,15 @@ class RolloutEngine:
                 SamplingParams(max_tokens=1, logprobs=0, detokenize=False),
                 use_tqdm=False,
             )
+        self.routes = None
+        if record_routes:
+            try:
+                self.routes = RouteRecorder(self.llm)
+            except ValueError as e:
+                self.failure = f"rollout.router_replay: vLLM cannot record this model's routes: {e}"
+                if log_path is None:
+                    raise start_error(self.failure, "the output above") from e
+                return
         config = self.llm.llm_engine.model_config.hf_config
         # A multimodal model's placeholders: a prompt's are collapsed before vLLM expands them; one the policy
         # samples ends its sample (as EOS would), since the trainer cannot read one as text (data/media.py).
@@ -293,9 +307,14 @@ class RolloutEngine:
                 self.media_prompts[str(r.key)] = r.prompt_ids
             engine.add_request(str(r.key), prompt, params)
             self.version_starts[str(r.key)] = [(self.policy_version, 0)]
+            if self.routes:
+                self.routes.start(str(r.key), r.prompt_ids)
         finished, steps = [], 0
         while engine.has_unfinished_requests() and (until_done or steps < ADVANCE_STEPS):
-            for output in engine.step():
+            outputs = engine.step()
+            if self.routes:
+                self.routes.collect()
+            for output in outputs:
                 if output.finished:
                     expected = self.media_prompts.pop(output.request_id, None)
                     if expected is not None and list(output.prompt_token_ids) != expected:
@@ -303,11 +322,10 @@ class RolloutEngine:
                     ids = list(output.outputs[0].token_ids)
                     logprobs = [step[token].logprob for token, step in zip(ids, output.outputs[0].logprobs)]
                     reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
-                    finished.append(
-                        Completion(
-                            int(output.request_id), ids, logprobs, reason, self.version_starts.pop(output.request_id)
-                        )
-                    )
+                    run = len(output.prompt_token_ids) + len(ids) - 1  # the last token is sampled, never run
+                    routes = self.routes.finish(output.request_id, run) if self.routes else None
+                    starts = self.version_starts.pop(output.request_id)
+                    finished.append(Completion(int(output.request_id), ids, logprobs, reason, starts, routes))
             steps += 1
         return finished
 
@@ -340,6 +358,8 @@ class RolloutEngine:
             )
         # cached KV was computed with the old weights: running requests are preempted, to be prefilled again
         engine.reset_prefix_cache(reset_running_requests=True)
+        if self.routes:
+            self.routes.reset_prefix()
         # So were the media's encoder outputs: the scheduler's record of them and the runner's store, reset together
         # (the runner's alone, as `reload_weights` does on CPU, leaves the scheduler expecting outputs that are gone).
         self.llm.llm_engine.reset_encoder_cache()

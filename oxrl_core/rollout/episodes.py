@@ -16,6 +16,8 @@ environment.
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from oxrl_core.data.records import PromptExample
 from oxrl_core.envs.base import Environment
 from oxrl_core.errors import OxrlError
@@ -68,6 +70,9 @@ class _Episode:
     finish_reason: str = "stop"
     reward: float | None = None
     turns: int = 0
+    # a mixture of experts': its last turn's routes, which cover every turn before it as that turn's prompt (the
+    # prefix cache serves earlier turns' blocks as they were routed then, rollout/routes.py)
+    routes: np.ndarray | None = None
 
 
 def stream_episodes(
@@ -112,6 +117,7 @@ def stream_episodes(
         e.response_ids += done.token_ids
         e.policy_mask += [1] * len(done.token_ids)
         e.logprobs += done.logprobs
+        e.routes = done.routes
         e.turns += 1
         if done.finish_reason == "length":
             e.finish_reason = "length"
@@ -148,5 +154,6 @@ def stream_episodes(
                 policy_mask=e.policy_mask,
                 env_reward=e.reward,
                 version_starts=tuple(e.version_starts) if len(e.version_starts) > 1 else (),
+                routes=e.routes,
             ),
         )

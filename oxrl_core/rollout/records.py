@@ -27,6 +27,9 @@ class Rollout:
     # Where the weights changed mid-sample (an asynchronous run): (policy version, index of the first response token
     # it sampled) for each; empty: every token is policy_version's.
     version_starts: tuple[tuple[int, int], ...] = ()
+    # A mixture of experts: the experts each MoE layer chose for each token the engine ran, [prompt + response - 1,
+    # layers, k] int16 (rollout/routes.py: -1 where none was recorded), for router replay; None: a dense model.
+    routes: np.ndarray | None = None
 
     @classmethod
     def of(cls, done: "Completion", group: int, prompt_ids: list[int], media: tuple = ()) -> "Rollout":
@@ -40,6 +43,7 @@ class Rollout:
             done.policy_version,
             media=media,
             version_starts=tuple(done.version_starts) if len(done.version_starts) > 1 else (),
+            routes=done.routes,
         )
 
     @property
@@ -79,6 +83,7 @@ class Completion:
     finish_reason: str  # "stop" or "length"
     # (policy version, index of the first token it sampled): one entry unless the weights changed mid-sample
     version_starts: list[tuple[int, int]]
+    routes: np.ndarray | None = None  # a mixture of experts': its prompt's and response's routes (`Rollout.routes`)
 
     @property
     def policy_version(self) -> int:

@@ -96,7 +96,7 @@ class TrainEngine(WeightPublisher, Checkpoints):
         if family and family.router:
             policy = self._policy()
             coef = policy.config.get_text_config().router_aux_loss_coef if spec.model.router_aux_loss else None
-            self.routing = RouterRecord(policy, family.router, coef)
+            self.routing = RouterRecord(policy, family.router, coef, replay=spec.router_replay)
         torch.manual_seed(spec.train.seed + rank)  # per-rank stream for dropout
 
     # -- training ---------------------------------------------------------------
@@ -127,7 +127,8 @@ class TrainEngine(WeightPublisher, Checkpoints):
         for batch in micro_batches:
             batch = self._to_device(batch)
             mask = None if self.packed else batch["attention_mask"]  # a packed row holds tokens only
-            with self.routing.recording(mask) if self.routing else nullcontext([]) as balancing:
+            routes = batch.get("routes")  # the engine's, where the samples carry them
+            with self.routing.recording(mask, routes) if self.routing else nullcontext([]) as balancing:
                 outputs = self._forward(
                     batch, temperature, entropy="grad" if entropy_grad else "metric" if with_entropy else None
                 )
@@ -207,6 +208,13 @@ class TrainEngine(WeightPublisher, Checkpoints):
                 key: torch.cat([torch.nn.functional.pad(b[key], (0, longest - b[key].shape[1])) for b in group])
                 for key in ("input_ids", "attention_mask")
             }
+            if "routes" in group[0]:  # [B, T, L, k], padded with "none recorded"
+                joined["routes"] = torch.cat(
+                    [
+                        torch.nn.functional.pad(b["routes"], (0, 0, 0, 0, 0, longest - b["routes"].shape[1]), value=-1)
+                        for b in group
+                    ]
+                )
             if any("media" in b for b in group):
                 joined |= {
                     "media": [item for b in group for item in b.get("media", [])],
@@ -214,7 +222,10 @@ class TrainEngine(WeightPublisher, Checkpoints):
                         [b.get("media_counts", torch.zeros(len(b["input_ids"]), dtype=torch.long)) for b in group]
                     ),
                 }
-            output = self._forward(self._to_device(joined), temperature, reference=reference)
+            joined = self._to_device(joined)
+            replay = self.routing and "routes" in joined and not reference
+            with self.routing.recording(None, joined["routes"], count=False) if replay else nullcontext():
+                output = self._forward(joined, temperature, reference=reference)
             start = 0
             for batch in group:
                 size, length = batch["input_ids"].shape
@@ -236,6 +247,9 @@ class TrainEngine(WeightPublisher, Checkpoints):
                 "packed": pack(batch["input_ids"], batch["attention_mask"]),
                 "unpacking": unpacking(batch["attention_mask"]),
             }
+        if "routes" in batch:  # [B, T, L, k] -> the routers' token rows [N, L, k]: the packed row's, or every position
+            routes = batch["routes"]
+            batch = batch | {"routes": routes[batch["attention_mask"].bool()] if self.packed else routes.flatten(0, 1)}
         return _moved(batch, self.engine.device)
 
     def _forward(

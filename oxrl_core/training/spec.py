@@ -21,3 +21,6 @@ class TrainerSpec:
     # norm after the update, which DeepSpeed reports either way; supervised runs rely on DeepSpeed skipping such a
     # step instead, so there the check stays.
     check_grad_overflow: bool
+    # a mixture of experts' policy forwards route each sampled token to the experts the engine recorded (router
+    # replay); off, they only measure how often their own routers agree (training/routing.py)
+    router_replay: bool = False

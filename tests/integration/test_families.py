@@ -1,9 +1,9 @@
 """Every family of the registry through the console script: `oxrl onboard <its tiny model> --verify` (an SFT step, two
 RL steps with vLLM rollouts and a refresh, LoRA on the entry's own targets, the sampler-trainer gap within its bound),
-four families in the whole suite and the others in the long lane. The long lane also runs `oxrl train` SFT and DPO
-for 2 steps with full weights on each, each family's example (examples/families/: GRPO, full weights) for 2 steps,
-and a user's own model of each text architecture, made from transformers' config class alone with a tokenizer of this
-test's own, verified the same way (nothing in the verify path may lean on the tiny models' builders)."""
+each in the whole suite. The long lane also runs `oxrl train` SFT and DPO for 2 steps with full weights on each, each
+family's example (examples/families/: GRPO, full weights) for 2 steps, and a user's own model of each text
+architecture, made from transformers' config class alone with a tokenizer of this test's own, verified the same way
+(nothing in the verify path may lean on the tiny models' builders)."""
 
 import json
 import math
@@ -40,18 +40,10 @@ def assert_verified(entry, stdout: str) -> None:
     assert f"LoRA on {', '.join(entry.lora_targets)}" in stdout.replace("\n", " ")
 
 
-# Gemma 2 (eager attention, its own output layer), Qwen3.5 (bf16 engines on CPU, DeltaNet layers) and Qwen3-MoE
-# (routed experts, which vLLM's CPU backend keeps in a packed layout of its own that a refresh must rebuild) run in
-# the whole suite: their trainer and sampler differ most from the default. Each other family's verify costs about
-# 50 s on 2 cores, 5 minutes together, which the whole suite's 25 do not have: the long lane's. Qwen3.5-MoE's (60 s)
-# is there too: its DeltaNet layers are Qwen3.5's and its experts refresh through Qwen3-MoE's path, both verified here.
-IN_THE_WHOLE_SUITE = {"oxrl-tiny-gemma2", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-moe"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [name if name in IN_THE_WHOLE_SUITE else pytest.param(name, marks=pytest.mark.slow) for name in FAMILY_MODELS],
-)
+# Every family in the whole suite, about 45 s each on 2 cores: what differs between them (Gemma 2's eager attention
+# and output layer, Qwen3.5's bf16 DeltaNet engines, the experts' packed layout in vLLM's CPU backend that a refresh
+# must rebuild, Phi-3's fused projections, Qwen2.5-VL's windowed vision tower) is what a verify catches.
+@pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_within_its_bound(oxrl, name, tmp_path):
     result = oxrl("onboard", name, "--out", tmp_path, "--verify", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -65,6 +57,12 @@ def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_
         assert max(entry.verified_gap["checkpoint"], entry.verified_gap["refresh"]) <= 5e-3, entry.verified_gap
     else:
         assert entry.verified_gap["sampler_dtype"] == "float32"
+    # a mixture of experts' steps replayed the engine's routes; float32 engines route as the trainer (a near-tie
+    # may flip), bf16's round the router's inputs: 0.992 on the tiny Qwen3.5-MoE (2026-12-07)
+    if name in ("oxrl-tiny-qwen3-moe", "oxrl-tiny-qwen3-5-moe"):
+        assert entry.verified_gap["routing_agreement"] >= (0.99 if name == "oxrl-tiny-qwen3-moe" else 0.9), entry
+    else:
+        assert "routing_agreement" not in entry.verified_gap
 
 
 TWO_STEPS = [

@@ -63,9 +63,70 @@ def test_the_balancing_loss_reaches_every_router_and_nothing_is_recorded_outside
     assert all(router.weight.grad.abs().sum() > 0 for router in record.routers)
     assert record.tokens.sum().item() == ids.numel() * K * 2
     moe(input_ids=ids)  # after the block: its hooks are gone
-    assert record.tokens.sum().item() == ids.numel() * K * 2 and len(record.step_metrics()) == 2
+    assert record.tokens.sum().item() == ids.numel() * K * 2 and record.step_metrics()["routes_compared"] == 0
     record.start_step()
     assert record.tokens.sum().item() == 0 and record.aux_losses == []
+
+
+def engine_routes(own: list[torch.Tensor]) -> torch.Tensor:
+    """Routes as an engine that disagreed with the trainer would record them [N, L, k]: token 0 of each layer the
+    router's own experts (reversed: the same set), every other token the experts after its own (e + 1, mod E), and
+    the padded second row's positions and the first row's last token none (-1)."""
+    routes = torch.stack([(o + 1) % E for o in own], 1)  # [N, L, k]
+    routes[0] = torch.stack([o[0].flip(0) for o in own])
+    routes[12 - 1] = -1  # the first row's last token: nothing predicts from it
+    routes[12 + 7 :] = -1  # the second row's padding
+    return routes
+
+
+def own_experts(model, ids, mask) -> list[torch.Tensor]:
+    out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    return [logits.topk(K, -1).indices for logits in out.router_logits]  # [N, k] per layer
+
+
+def test_replayed_routes_are_the_experts_every_layer_uses_with_the_current_routers_weights_and_the_router_learns(moe):
+    """Router replay: each layer's experts get the engine's recorded choice where there is one and the router's own
+    elsewhere, weighted by the router's current probabilities at them (renormalised), and the routers still get
+    gradients; the agreement counts the token-layers whose own top-k was the recorded set."""
+    ids, mask = batch()
+    with torch.no_grad():
+        routes = engine_routes(own_experts(moe, ids, mask))
+    used = []
+    experts = [m for m in moe.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+    hooks = [m.register_forward_pre_hook(lambda m, args: used.append((args[1], args[2]))) for m in experts]
+    record = RouterRecord(moe, "Qwen3MoeTopKRouter", aux_loss_coef=None, replay=True)
+    moe.zero_grad()
+    try:
+        with record.recording(mask, routes.reshape(-1, 2, K)):
+            out = moe(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    known = routes[:, 0, 0] >= 0
+    for layer, ((index, weights), logits) in enumerate(zip(used, out.router_logits)):
+        own = logits.topk(K, -1).indices
+        assert torch.equal(index[known], routes[known, layer]) and torch.equal(index[~known], own[~known])
+        probs = torch.softmax(logits.detach().double(), -1).gather(-1, index)
+        expected = probs / probs.sum(-1, keepdim=True) if moe.config.norm_topk_prob else probs
+        assert torch.allclose(weights.double(), expected, atol=1e-6)
+    (out.logits.logsumexp(-1) - out.logits[..., 0]).sum().backward()
+    assert all(router.weight.grad.abs().sum() > 0 for router in record.routers)
+    metrics = record.step_metrics()
+    assert (metrics["routes_compared"], metrics["routes_agreed"]) == (int(known.sum()) * 2, 2)  # token 0, each layer
+
+
+def test_without_replay_the_routers_choose_and_the_engines_routes_are_only_compared(moe):
+    ids, mask = batch()
+    with torch.no_grad():
+        own = own_experts(moe, ids, mask)
+        routes = engine_routes(own)
+        record = RouterRecord(moe, "Qwen3MoeTopKRouter", aux_loss_coef=None)
+        with record.recording(mask, routes.reshape(-1, 2, K)):
+            moe(input_ids=ids, attention_mask=mask)
+    counts, _ = reference(moe, ids, mask)
+    assert record.tokens.tolist() == [c.tolist() for c in counts]  # the routers' own choices were used
+    metrics = record.step_metrics()
+    assert (metrics["routes_compared"], metrics["routes_agreed"]) == (int((routes[:, 0, 0] >= 0).sum()) * 2, 2)
 
 
 def test_a_model_without_the_router_is_refused(moe):
@@ -74,9 +135,10 @@ def test_a_model_without_the_router_is_refused(moe):
 
 
 def test_the_steps_expert_load_adds_the_ranks_tokens_and_writes_them_per_expert(tmp_path):
+    routes = {"routes_compared": 0, "routes_agreed": 0}  # the samples came without the engine's routes
     ranks = [
-        {"expert_tokens": [[4, 0, 2, 2], [1, 1, 1, 1]], "router_aux_loss": 1.25, "loss": 0.5},
-        {"expert_tokens": [[0, 4, 2, 2], [3, 3, 3, 3]], "router_aux_loss": 1.75, "loss": 0.5},
+        {"expert_tokens": [[4, 0, 2, 2], [1, 1, 1, 1]], "router_aux_loss": 1.25, "loss": 0.5, **routes},
+        {"expert_tokens": [[0, 4, 2, 2], [3, 3, 3, 3]], "router_aux_loss": 1.75, "loss": 0.5, **routes},
     ]
     metrics = expert_load_metrics(ranks, tmp_path, step=7)
     # layer 0: [4, 4, 4, 4], balanced though neither rank's alone is; layer 1: [4, 4, 4, 4] too
@@ -86,11 +148,13 @@ def test_the_steps_expert_load_adds_the_ranks_tokens_and_writes_them_per_expert(
         "expert_load_max_over_mean/layer_0": 1.0,
         "expert_load_max_over_mean/layer_1": 1.0,
     }
-    skewed = expert_load_metrics([{"expert_tokens": [[6, 0, 1, 1]], "router_aux_loss": 2.0}], tmp_path, step=8)
-    assert skewed["expert_load_max_over_mean"] == 3.0  # 6 of 8 choices on one expert of 4: 6 / 2
+    skewed = {"expert_tokens": [[6, 0, 1, 1]], "router_aux_loss": 2.0, "routes_compared": 8, "routes_agreed": 6}
+    skewed = expert_load_metrics([skewed, skewed | {"routes_compared": 4, "routes_agreed": 0}], tmp_path, step=8)
+    assert skewed["expert_load_max_over_mean"] == 3.0  # 12 of 16 choices on one expert of 4: 12 / 4
+    assert skewed["routing_agreement"] == 0.5  # the ranks' 6 of 12 token-layers
     lines = [json.loads(line) for line in (tmp_path / "expert_load.jsonl").read_text().splitlines()]
     assert lines == [
         {"step": 7, "tokens_per_expert": [[4, 4, 4, 4], [4, 4, 4, 4]]},
-        {"step": 8, "tokens_per_expert": [[6, 0, 1, 1]]},
+        {"step": 8, "tokens_per_expert": [[12, 0, 2, 2]]},
     ]
     assert expert_load_metrics([{"loss": 0.5}], tmp_path, step=9) == {}  # a dense model reports none

@@ -450,8 +450,9 @@ def rl_micro_batches(
     mask_truncated: bool,
 ) -> list[list[dict]]:
     """Samples cut into per-rank micro-batches: tokens, masks, the `per_sample` tensors ([B] each: advantages, or
-    PPO's rewards) and the sampler's logprobs placed on their prediction-aligned positions (the token at index
-    len(prompt) + j is predicted at len(prompt) + j - 1)."""
+    PPO's rewards), the sampler's logprobs placed on their prediction-aligned positions (the token at index
+    len(prompt) + j is predicted at len(prompt) + j - 1) and a mixture of experts' routes on the positions of the
+    tokens they routed."""
     per_rank = len(rollouts) // ranks
     batches = []
     for r in range(ranks):
@@ -475,6 +476,11 @@ def rl_micro_batches(
                     x.sampler_logprobs
                 )
             batch["sampler_logprobs"] = sampler_logprobs
+            if chunk[0].routes is not None:  # a mixture of experts: the engine's routes at the positions it ran
+                routes = torch.full((*batch["input_ids"].shape, *chunk[0].routes.shape[1:]), -1, dtype=torch.int16)
+                for b, x in enumerate(chunk):
+                    routes[b, : len(x.routes)] = torch.from_numpy(x.routes)
+                batch["routes"] = routes  # [B, T, L, k]
             batch |= {key: values[start : start + size].clone() for key, values in per_sample.items()}
             rank_batches.append(batch)
         batches.append(rank_batches)
