@@ -204,7 +204,7 @@ def start_actors(
         log_dir,
         reservation,
         group,
-        record_routes=resolved.router_replay is not None,
+        router_replay=resolved.router_replay,
     )
 
 

@@ -165,7 +165,7 @@ class RolloutEngine:
         max_num_seqs: int,
         log_path: Path | None = None,
         tensor_parallel: tuple[int, int, str, int] | None = None,
-        record_routes: bool = False,
+        router_replay: bool | None = None,
     ):
         """`max_num_seqs`: the sequences one generate call holds at once (more wait their turn). On CPU they size
         the KV cache; on GPU vLLM takes `gpu_memory_utilization` of the memory. With `log_path` (an engine in its own
@@ -176,8 +176,9 @@ class RolloutEngine:
         an `RolloutEngine` on its own GPU, meeting at address:port. vLLM's external launcher runs them in lockstep:
         every worker is given the same requests and produces the same outputs.
 
-        `record_routes` (a mixture of experts): each completion carries the experts its tokens were routed to
-        (rollout/routes.py)."""
+        `router_replay` (a mixture of experts; the resolved `rollout.router_replay`): each completion carries the
+        experts its tokens were routed to (rollout/routes.py); where vLLM's runner cannot record them, True fails the
+        start and False samples without them (the agreement goes unmeasured)."""
         # The engine core stays in this process: the weight loader runs here, beside the weight channel
         # (collective_rpc still wants leave to take a function).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -237,14 +238,19 @@ class RolloutEngine:
                 use_tqdm=False,
             )
         self.routes = None
-        if record_routes:
+        if router_replay is not None:
             try:
                 self.routes = RouteRecorder(self.llm)
             except ValueError as e:
-                self.failure = f"rollout.router_replay: vLLM cannot record this model's routes: {e}"
-                if log_path is None:
-                    raise start_error(self.failure, "the output above") from e
-                return
+                print(f"routes are not recorded: {e}", flush=True)
+                if router_replay:
+                    self.failure = (
+                        f"rollout.router_replay: vLLM cannot record this model's routes ({e}); "
+                        "rollout.router_replay=false samples without them"
+                    )
+                    if log_path is None:
+                        raise start_error(self.failure, "the output above") from e
+                    return
         config = self.llm.llm_engine.model_config.hf_config
         # A multimodal model's placeholders: a prompt's are collapsed before vLLM expands them; one the policy
         # samples ends its sample (as EOS would), since the trainer cannot read one as text (data/media.py).

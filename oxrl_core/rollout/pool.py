@@ -49,12 +49,12 @@ class RolloutPool:
         log_dir: Path,
         reservation: Reservation,
         group: TrainerRanks,
-        record_routes: bool = False,
+        router_replay: bool | None = None,
     ):
         """Starts the engines (`dtype`: the trainer's, e.g. "bfloat16"; engine e seeded `seed + e`; their KV caches
         sized on the CPU for `step_samples` samples a step, shared) and waits for them (an engine that cannot start is
-        one line, `start_error`), then connects them to the trainer for weight refreshes. `record_routes`: each
-        sample carries its routes (a mixture of experts, for router replay)."""
+        one line, `start_error`), then connects them to the trainer for weight refreshes. `router_replay`: the
+        resolved `rollout.router_replay` (a mixture of experts: each sample carries its routes; `RolloutEngine`)."""
         self.rollout = rollout
         self.group, self.watch = group, reservation.watch
         self.placement, tp = reservation.placement, rollout.tensor_parallel_size
@@ -81,7 +81,7 @@ class RolloutPool:
                             -(-step_samples // rollout.engines),
                             logs[-1],
                             (shard, tp, *meeting) if meeting else None,
-                            record_routes,
+                            router_replay,
                         ),
                         logs[-1].stem,
                         logs[-1],

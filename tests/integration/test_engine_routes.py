@@ -23,7 +23,7 @@ def moe_path() -> str:
 
 @pytest.fixture(scope="module")
 def engine(moe_path):
-    engine = RolloutEngine(moe_path, "float32", 512, 0.5, seed=0, max_num_seqs=8, record_routes=True)
+    engine = RolloutEngine(moe_path, "float32", 512, 0.5, seed=0, max_num_seqs=8, router_replay=True)
     yield engine
     engine.llm.llm_engine.engine_core.shutdown()
     del engine

@@ -101,6 +101,30 @@ def test_the_load_balancing_loss_on_a_model_without_experts_is_rejected_naming_t
     ).config.model.router_aux_loss
 
 
+def test_router_replay_is_on_for_a_mixture_of_experts_that_samples_and_refused_where_nothing_routes(
+    tmp_path, good, tiny_model_dir
+):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(good | {"data": {"train": [{"path": str(prompts)}]}}))
+    moe = f"model.name_or_path={resolve_tiny_model('oxrl-tiny-qwen3-moe')}"
+
+    def rl(*overrides: str):
+        return resolve_run("rl", tmp_path / "rl.yaml", ["train.alg=grpo", "rollout.n_samples=2", *overrides])
+
+    replayed, compared, dense = rl(moe), rl(moe, "rollout.router_replay=false"), rl()
+    assert (replayed.router_replay, replayed.trainer.router_replay) == (True, True)
+    assert (compared.router_replay, compared.trainer.router_replay) == (False, False)  # recorded, compared only
+    assert (dense.router_replay, dense.trainer.router_replay) == (None, False)
+    assert load(tmp_path, good, [moe]).router_replay is None  # SFT samples nothing
+    with pytest.raises(OxrlError) as e:
+        rl("rollout.router_replay=true")
+    assert str(e.value) == (
+        f"rollout.router_replay=true: {tiny_model_dir} has no router oxrl records (the mixtures of experts of "
+        "model_type qwen3_5_moe, qwen3_5_moe_text, qwen3_moe) or train.alg=grpo samples nothing; leave it unset"
+    )
+
+
 def test_missing_data_file_is_rejected(tmp_path, good):
     message = rejected(tmp_path, good, [f"data.train.0.path={tmp_path / 'nope.jsonl'}"])
     assert "data.train.0.path=" in message and "no such file" in message

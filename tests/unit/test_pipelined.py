@@ -43,11 +43,12 @@ def test_a_lag_corrects_for_the_older_sampler_unless_the_config_or_algorithm_say
     assert on_policy.train.settings.sampler_correction == ("sequence-truncate" if alg == "rloo" else "none")
 
 
-def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_media():
+def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_with_its_prompts_media_and_routes():
     image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    routes = np.array([[[3, 0], [7, 2]], [[-1, -1], [1, 5]], [[6, 4], [0, 1]]], dtype=np.int16)  # [3 positions, 2, 2]
     prompt_sets = [[SimpleNamespace(media=())], [SimpleNamespace(media=()), SimpleNamespace(media=(image,))]]
     rollouts = [
-        Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, media=(image,)),
+        Rollout(0, [1, 2], [3, 4], [-0.1, -2.5e-7], "stop", 4, reward=0.75, media=(image,), routes=routes),
         Rollout(1, [1], [5], [-1 / 3], "length", 4, reward=-1.0, policy_mask=[1], env_reward=0.5),
     ]
     batch = SampledBatch(rollouts, [(1, 1), (0, 0)], 4, {"generated_tokens": 3}, {"generate": 1.5})
@@ -76,6 +77,8 @@ def test_a_batch_sampled_ahead_comes_back_from_its_checkpoint_state_the_same_wit
         )
         assert a.sampler_logprobs == b.sampler_logprobs  # floats exactly: JSON keeps every bit of a float
         assert len(a.media) == len(b.media) and all(np.array_equal(x, y) for x, y in zip(a.media, b.media))
+        assert (a.routes is None) == (b.routes is None)
+    assert back.rollouts[0].routes.dtype == np.int16 and np.array_equal(back.rollouts[0].routes, routes)
 
 
 def test_a_supervised_run_that_samples_refuses_a_lag(tmp_path):

@@ -10,6 +10,7 @@ batch starts sampling as soon as step t - s - 1 is done, and a refresh reaches t
 be an episode against an environment (`rollout.env`): a rollout concern (`rollout/episodes.py`), the same step.
 """
 
+import base64
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import NoReturn
 
+import numpy as np
 import torch
 
 from oxrl_core.algs.advantages import ESTIMATORS
@@ -57,8 +59,13 @@ class SampledBatch:
     seconds: dict
 
     def state(self) -> dict:
-        """For a checkpoint (JSON): the rollouts without their media, which the prompts give back."""
-        rollouts = [{f.name: getattr(r, f.name) for f in fields(Rollout) if f.name != "media"} for r in self.rollouts]
+        """For a checkpoint (JSON): the rollouts without their media, which the prompts give back; a mixture of
+        experts' routes as their int16 bytes in base64 (a list of numbers would take about four times the room)."""
+        rollouts = [
+            {f.name: getattr(r, f.name) for f in fields(Rollout) if f.name not in ("media", "routes")}
+            | ({} if r.routes is None else {"routes": [r.routes.shape, base64.b64encode(r.routes.tobytes()).decode()]})
+            for r in self.rollouts
+        ]
         return {
             "rollouts": rollouts,
             "prompts": self.prompts,
@@ -71,10 +78,19 @@ class SampledBatch:
     def from_state(cls, state: dict, prompt_sets: list[list[PromptExample]]) -> "SampledBatch":
         prompts = [tuple(p) for p in state["prompts"]]
         rollouts = [
-            Rollout(**r, media=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].media))
+            Rollout(
+                **{k: v for k, v in r.items() if k != "routes"},
+                media=tuple(prompt_sets[prompts[r["group"]][0]][prompts[r["group"]][1]].media),
+                routes=_routes(r["routes"]) if "routes" in r else None,
+            )
             for r in state["rollouts"]
         ]
         return cls(rollouts, prompts, state["policy_version"], state["metrics"], state["seconds"])
+
+
+def _routes(saved: list) -> np.ndarray:
+    shape, data = saved
+    return np.frombuffer(base64.b64decode(data), dtype=np.int16).reshape(shape).copy()
 
 
 class PolicyGradient:
