@@ -108,8 +108,8 @@ def test_list_prints_every_shipped_model(oxrl, tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow  # a generated config's training step; the VLM SFT runs in tests/integration/test_vlm.py
 def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl, tiny_vl_model_dir, tmp_path):
-    """The generated config as written (its own batch split). A causal LM's generated SFT config trains in
-    test_verify_runs_an_sft_and_an_rl_step_and_records_it (`--verify`), through the same writer."""
+    """The generated config as written (its own batch split). A causal LM's generated SFT config trains in each
+    family's `--verify` (tests/integration/test_families.py), through the same writer."""
     folder = tiny_vl_model_dir
     assert oxrl("onboard", folder, "--out", tmp_path).returncode == 0
     config = tmp_path / f"local--{folder.name}" / "sft.yaml"
@@ -118,12 +118,3 @@ def test_a_generated_vision_language_sft_config_trains_one_step_as_written(oxrl,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "runs" / f"{folder.name}-sft" / "final" / "model.safetensors").is_file()
-
-
-@pytest.mark.integration
-def test_verify_runs_an_sft_and_an_rl_step_and_records_it(oxrl, tiny_model_dir, tmp_path):
-    result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, "--verify")
-    assert result.returncode == 0, result.stderr[-3000:]
-    entry = load_entry(tmp_path / f"local--{tiny_model_dir.name}.yaml")
-    assert entry.status == "verified" and entry.verified_date is not None
-    assert set(entry.verified_versions) == {"oxrl", "torch", "transformers", "vllm", "deepspeed", "peft"}

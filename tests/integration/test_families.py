@@ -15,6 +15,7 @@ from doc_pages import REPO
 from oxrl_core.model_registry.schema import load_entry
 from oxrl_core.model_registry.verify import GAP_BOUND
 from oxrl_core.models.families import FAMILIES
+from oxrl_core.models.tiny import resolve_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,7 @@ MULTIMODAL = {"oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-mo
 
 def assert_verified(entry, stdout: str) -> None:
     assert entry.status == "verified" and entry.verified_date is not None, entry
+    assert set(entry.verified_versions) == {"oxrl", "torch", "transformers", "vllm", "deepspeed", "peft"}
     gap, bound = entry.verified_gap, GAP_BOUND[entry.verified_gap["sampler_dtype"]]
     assert gap["checkpoint"] <= bound and gap["refresh"] <= bound, gap
     assert f"LoRA on {', '.join(entry.lora_targets)}" in stdout.replace("\n", " ")
@@ -45,9 +47,11 @@ def assert_verified(entry, stdout: str) -> None:
 # must rebuild, Phi-3's fused projections, Qwen2.5-VL's windowed vision tower) is what a verify catches.
 @pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_within_its_bound(oxrl, name, tmp_path):
-    result = oxrl("onboard", name, "--out", tmp_path, "--verify", env={"COLUMNS": "200"})
+    # Llama's by its folder, as a user's model is given (its entry is named local--<folder>); the others by name
+    model = resolve_tiny_model(name) if name == "oxrl-tiny-llama" else name
+    result = oxrl("onboard", model, "--out", tmp_path, "--verify", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    entry = load_entry(tmp_path / f"{name}.yaml")
+    entry = load_entry(tmp_path / (f"local--{name}.yaml" if model != name else f"{name}.yaml"))
     assert_verified(entry, result.stdout)
     assert entry.verified_by.startswith(f"{name} ({entry.architecture}, ") and entry.verified_by.endswith(" on CPU")
     if name in ("oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"):  # vLLM's CPU DeltaNet kernel is bf16's only
