@@ -594,3 +594,37 @@ def test_each_multimodal_family_trains_on_one_gpu_and_its_refreshed_vllm_samples
     gaps = [h["logprob_gap_abs"] for h in steps]
     print(family, "cispo: sampler-trainer logprob gap per step", gaps)
     assert [h["policy_version"] for h in steps] == [1, 2, 3] and all(gap < BF16_LOGPROB_GAP for gap in gaps[1:])
+
+
+@pytest.mark.parametrize("example", ["qwen3_moe", "qwen3_5_moe"])
+def test_each_mixture_of_experts_replays_the_engines_routes_on_one_gpu_and_samples_as_the_trainer_scores(
+    tmp_path, oxrl, example
+):
+    """The tiny Qwen3-MoE and Qwen3.5-MoE in bf16, colocated, GRPO with full weights: the engines record each token's
+    experts (rollout/routes.py), the trainer replays them, and after each refresh vLLM's logprobs stay within bf16
+    noise of the trainer's; the trainer's own routers agree with the engine's on most token-layers."""
+    result = oxrl(
+        "train",
+        "rl",
+        "--config",
+        f"examples/families/{example}.yaml",
+        "run.train_ranks=1",
+        f"run.output_dir={tmp_path}",
+        "data.val=null",
+        "train.steps=3",
+        "train.lr=1e-3",
+        "reward.func=rl_test_rewards:digit_share",
+        env=TEST_REWARD,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (summary,) = tmp_path.glob("*/summary.json")
+    steps = json.loads(summary.read_text())["history"]
+    print(
+        example,
+        "gap per step",
+        [h["logprob_gap_abs"] for h in steps],
+        "agreement",
+        [h["routing_agreement"] for h in steps],
+    )
+    assert [h["policy_version"] for h in steps] == [1, 2, 3]
+    assert all(h["logprob_gap_abs"] < BF16_LOGPROB_GAP and h["routing_agreement"] >= 0.9 for h in steps)
