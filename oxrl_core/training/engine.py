@@ -40,9 +40,11 @@ class TrainEngine(WeightPublisher, Checkpoints):
     ):
         """`master`: the address and a free port of rank 0's node, where the ranks meet."""
         name_the_accelerator()
-        # DeepSpeed's autotuner imports MLflow wherever it is installed, 1.2 s of every rank's start; a rank never logs
-        # to it (the driver does), so here that import fails at once (a process that has MLflow already keeps it)
+        # DeepSpeed's autotuner imports MLflow wherever it is installed, 1.2 s of every rank's start, and transformers'
+        # generation utilities scikit-learn, 0.5-0.8 s; a rank never logs (the driver does) and never generates, so
+        # here those imports fail at once (a process that has either already keeps it)
         sys.modules.setdefault("mlflow", None)
+        sys.modules.setdefault("sklearn", None)
         redirect_output(log_dir / f"rank{rank}.log")
         on_gpu = torch.cuda.is_available()
         wait_for_builds()  # DeepSpeed may build ops from here on (its CPU collectives, CPU Adam): never on a dead lock

@@ -48,7 +48,8 @@ def run(zero_stage):
 
 # ZeRO-3 last: a live HfDeepSpeedConfig would build the other stage's models partitioned
 results = {"zero1": run(1), "zero3": run(3)}
-torch.save(results | {"mlflow_imported": sys.modules.get("mlflow") is not None}, out / "results.pt")
+unimported = {name: sys.modules.get(name) is None for name in ("mlflow", "sklearn")}
+torch.save(results | {"unimported": unimported}, out / "results.pt")
 """
 
 
@@ -74,8 +75,9 @@ def test_zero3_keeps_ropes_inverse_frequencies_in_float32_and_the_logprobs_of_ze
     assert all(gap < 1e-3 for gap in gaps.values())
 
 
-def test_a_rank_leaves_mlflow_unimported_though_deepspeed_imports_it_where_installed(ranks_results):
+def test_a_rank_leaves_mlflow_and_sklearn_unimported_though_deepspeed_and_transformers_import_them(ranks_results):
     import importlib.util
 
-    assert importlib.util.find_spec("mlflow") is not None  # installed here: DeepSpeed's autotuner would import it
-    assert ranks_results["mlflow_imported"] is False
+    # installed here: DeepSpeed's autotuner would import MLflow, transformers' generation utilities scikit-learn
+    assert importlib.util.find_spec("mlflow") is not None and importlib.util.find_spec("sklearn") is not None
+    assert ranks_results["unimported"] == {"mlflow": True, "sklearn": True}
