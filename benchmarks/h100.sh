@@ -106,6 +106,7 @@ print('lora.enabled=true lora.target_modules=[' + ','.join(entry.lora_targets) +
       phi3-3.8b) extra="$small $(lora_of "$shape")" ;;
       mistral-7b) extra="$small $(lora_of "$shape")" ;;
       qwen3.5-27b-16l) extra="$small $(lora_of "$shape")" ;;
+      qwen3-30b-a3b*) extra="$small $(lora_of "$shape")" ;;  # 61 GB of bf16 weights a side: full depth on an H200
       *) extra="" ;;
     esac
     echo "== $shape: $extra" | tee -a "$OUT/families.log"

@@ -209,6 +209,22 @@ FAMILY_SHAPES = {
         head_dim=128,
         tie_word_embeddings=True,
     ),
+    "qwen3-30b-a3b": dict(  # 128 experts, 8 a token; LoRA (the registry's recipe) on one H200
+        entry="Qwen/Qwen3-30B-A3B",
+        tiny="oxrl-tiny-qwen3-moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_local_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
     "qwen3.5-27b-16l": dict(  # at 16 of its 64 layers
         entry="Qwen/Qwen3.5-27B",
         tiny="oxrl-tiny-qwen3-5",
@@ -235,6 +251,9 @@ FAMILY_SHAPES = {
         tie_word_embeddings=False,
     ),
 }
+# Qwen3-30B-A3B's bf16 weights (61 GB) twice, the trainer's and vLLM's, fit an H200 but not an 80 GB H100: on that, 20
+# of its 48 layers (25 GB)
+FAMILY_SHAPES["qwen3-30b-a3b-20l"] = FAMILY_SHAPES["qwen3-30b-a3b"] | {"num_hidden_layers": 20}
 SHAPES = QWEN25_SHAPES | QWEN25_VL_SHAPES | FAMILY_SHAPES
 IMAGE_SIDE = 448  # pixels: 32 x 32 patches of 14, merged 2 x 2 into 16 x 16 image tokens
 IMAGE_PATCHES, IMAGE_TOKENS = (IMAGE_SIDE // 14) ** 2, (IMAGE_SIDE // 28) ** 2
@@ -778,14 +797,18 @@ def main() -> None:
 
     n_params, n_vision = _parameter_count(model), _parameter_count(model, "visual.")
     n_text = n_params - n_vision
+    shape = SHAPES[args.shape]
+    text_shape = shape.get("text_config", shape)
+    # a mixture of experts runs k of its E routed experts a token: its FLOPs count those (MFU on active parameters)
+    n_experts = _parameter_count(model, ".mlp.experts.")
+    if n_experts:
+        n_text -= n_experts - n_experts * text_shape["num_experts_per_tok"] // text_shape["num_local_experts"]
     length = config.rollout.max_prompt_len + step["response_length"]  # every prompt is exactly max_prompt_len tokens
     tokens = config.train.batch_size * length
     phases = ("generate", "reward", "logprobs", "train", "refresh")
     step_s = step["time_step_s"]  # wall time: at rollout.lag > 0 generation overlaps the other phases
     # PaLM's MFU (arXiv 2204.02311, appendix B) also counts attention's QK^T and AV: 4 L d T FLOPs per token and
     # forward, over the full (unmasked) T x T as PaLM does
-    shape = SHAPES[args.shape]
-    text_shape = shape.get("text_config", shape)
     attention = 4 * text_shape["num_hidden_layers"] * text_shape["hidden_size"] * length
     # The vision tower reads each sequence's image patches in every forward (2 FLOPs per weight and patch); frozen, it
     # has no backward. Counted per sequence, as the trainer runs it (vLLM encodes a prompt's image once for 8 samples).
@@ -798,6 +821,7 @@ def main() -> None:
     result |= {
         "params": n_params,
         "vision_params": n_vision,
+        "active_text_params": n_text,  # the language model's, a mixture of experts' k of E experts among them
         "train_tokens": tokens,
         "step_s": step_s,
         "train_flops_per_token_per_param": train_flops_per_token(config, n_text) // n_text,
