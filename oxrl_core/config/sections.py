@@ -244,8 +244,8 @@ class RolloutSection(Section):
         description="Mixtures of experts: the engines record each token's experts per layer as they sample, and the "
         "trainer's forwards route every token to them, with gate weights from its current router (router "
         "replay, R3), so that sampler and trainer run the same experts; off, the routes are recorded and "
-        "the agreement is logged only (routing_agreement). Unset: on for a mixture of experts; a dense "
-        "model has no routes to replay.",
+        "the agreement is logged only (routing_agreement). Unset: on for a mixture of experts in RL; a "
+        "dense model has no routes to replay.",
     )
     env: EnvSection = Field(
         default_factory=EnvSection, description="Multi-turn RL: the environment each episode runs against."

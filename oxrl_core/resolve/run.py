@@ -33,7 +33,7 @@ class ResolvedRun:
     sampler_dtype: str  # the vLLM engines': the trainer's, unless vLLM's CPU kernels need another for the family
     notes: tuple[str, ...]  # what the run does otherwise than its config says, for its model's family: said at start
     # a mixture of experts that samples: the engines record routes, and the trainer replays them (True) or only
-    # compares its own (False); None: nothing routes (a dense model) or nothing samples
+    # compares its own (False); None: nothing routes (a dense model) or the loop is not RL
     router_replay: bool | None
 
 
@@ -70,12 +70,12 @@ def resolved(config: SLConfig | RLConfig) -> ResolvedRun:
                 f"the vLLM engines run {sampler_dtype} (vLLM's CPU kernels for it take no other), the trainer {dtype}",
             )
     replay = config.rollout.router_replay
-    if family and family.router and algorithm.generates:
+    if family and family.router and algorithm.loop == "rl":  # the policy-gradient loop's forwards replay
         replay = replay is not False
     elif replay:
         raise OxrlError(
             f"rollout.router_replay=true: {model_path} has no router oxrl records ({router_model_types()}) or "
-            f"train.alg={config.train.alg} samples nothing; leave it unset"
+            f"train.alg={config.train.alg} is no RL algorithm (replay is RL's); leave it unset"
         )
     placement = placement_request(config, algorithm)
     spec = trainer_spec(config, algorithm, router_replay=bool(replay))

@@ -117,11 +117,14 @@ def test_router_replay_is_on_for_a_mixture_of_experts_that_samples_and_refused_w
     assert (compared.router_replay, compared.trainer.router_replay) == (False, False)  # recorded, compared only
     assert (dense.router_replay, dense.trainer.router_replay) == (None, False)
     assert load(tmp_path, good, [moe]).router_replay is None  # SFT samples nothing
+    sampled = load(tmp_path, good, [moe, "train.alg=online-dpo"])  # samples, and trains on pairs: no replay
+    assert (sampled.router_replay, sampled.trainer.router_replay) == (None, False)
     with pytest.raises(OxrlError) as e:
         rl("rollout.router_replay=true")
     assert str(e.value) == (
         f"rollout.router_replay=true: {tiny_model_dir} has no router oxrl records (the mixtures of experts of "
-        "model_type qwen3_5_moe, qwen3_5_moe_text, qwen3_moe) or train.alg=grpo samples nothing; leave it unset"
+        "model_type qwen3_5_moe, qwen3_5_moe_text, qwen3_moe) or train.alg=grpo is no RL algorithm (replay is RL's); "
+        "leave it unset"
     )
 
 
