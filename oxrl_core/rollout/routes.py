@@ -23,9 +23,8 @@ class RouteRecorder:
         self.requests: dict[str, list[Chunk]] = {}  # each request in flight's recorded forwards
         self.prompts: dict[str, list[int]] = {}  # its prompt's block hashes (full blocks only)
         self.blocks: dict[int, np.ndarray] = {}  # a prompt block's routes [block, layers, k], by its prefix hash
-        self.forward: tuple[list[str], list[int], list[int]] | None = (
-            None  # the last forward's requests, counts, starts
-        )
+        # the last forward's requests, their token counts and first positions
+        self.forward: tuple[list[str], list[int], list[int]] | None = None
         self.captured: dict[int, torch.Tensor] = {}  # the last forward's top-k experts per MoE layer
         self.layers, self.top_k, self.block_size = llm.collective_rpc(self._bind, args=(self,))[0]
 

@@ -225,7 +225,8 @@ class TrainEngine(WeightPublisher, Checkpoints):
                     ),
                 }
             joined = self._to_device(joined)
-            replay = self.routing and "routes" in joined and not reference
+            # a forward without gradients counts nothing: its routers need hooks only to take the engine's routes
+            replay = self.routing and self.routing.replay and "routes" in joined and not reference
             with self.routing.recording(None, joined["routes"], count=False) if replay else nullcontext():
                 output = self._forward(joined, temperature, reference=reference)
             start = 0
