@@ -19,6 +19,9 @@ def onboard(
     verify: bool = typer.Option(
         False, "--verify", help="Run one SFT step and one RL step on the model and record it as verified."
     ),
+    full_weights: bool = typer.Option(
+        False, "--full-weights", help="With --verify: the RL steps train every weight, not LoRA on the entry's targets."
+    ),
     mark_registry: Path = typer.Option(
         None,
         "--mark-registry",
@@ -41,6 +44,8 @@ def onboard(
         return
     if model is None:
         raise OxrlError("oxrl onboard: give a Hub id (org/name) or a model folder, or --list")
+    if full_weights and not verify:
+        raise OxrlError("--full-weights: only with --verify (it says which weights the verify's RL steps train)")
     if mark_registry is not None and not (verify and mark_registry.is_dir()):
         raise OxrlError(f"--mark-registry {mark_registry}: needs --verify and an existing folder of registry entries")
     from oxrl_core.model_registry.configs import write_configs
@@ -64,7 +69,7 @@ def onboard(
     if verify:
         from oxrl_core.model_registry.verify import verify as verify_steps
 
-        entry = verify_steps(entry, *configs, console)
+        entry = verify_steps(entry, *configs, console, full_weights)
         entry_path = write_entry(entry, out)
         if mark_registry is not None:
             for path in mark_verified(entry, mark_registry):

@@ -1,9 +1,10 @@
 """`oxrl onboard --verify`: one SFT step and two RL steps on the model, through the same code as `oxrl train`.
 
-The RL run trains LoRA adapters on the entry's own targets, and its second step samples from the weights the first
-step's refresh sent to the engines. Each step measures the sampler-trainer gap, the mean |log p_vLLM - log p_trainer|
-over the response tokens: at step 1 it checks that vLLM reads the model's checkpoint as the trainer does, at step 2
-that the refresh puts every trained weight where vLLM reads it. It must stay within GAP_BOUND for the engines' dtype.
+The RL run trains LoRA adapters on the entry's own targets (or, with `full_weights`, every weight), and its second
+step samples from the weights the first step's refresh sent to the engines. Each step measures the sampler-trainer
+gap, the mean |log p_vLLM - log p_trainer| over the response tokens: at step 1 it checks that vLLM reads the model's
+checkpoint as the trainer does, at step 2 that the refresh puts every trained weight where vLLM reads it. It must
+stay within GAP_BOUND for the engines' dtype.
 A mixture of experts' RL steps replay the engines' routes (`rollout.router_replay`, on by default); each step also
 measures how often the trainer's own routers chose the engines' experts, recorded as `routing_agreement`.
 """
@@ -30,7 +31,7 @@ SFT_STEP = [
     "data.val=null",
 ]
 # Two steps, the second sampled after a refresh. The reward varies between any model's samples (digit_share), and
-# the learning rate moves every adapter weight by about 1e-3 (Adam's first step), so the refresh carries weights the
+# the learning rate moves every trained weight by about 1e-3 (Adam's first step), so the refresh carries weights the
 # engines do not have: one it left out, or put elsewhere, moves the sampler off the trainer.
 RL_STEPS = [
     "train.steps=2",
@@ -42,7 +43,6 @@ RL_STEPS = [
     "rollout.n_samples=4",
     "rollout.max_tokens=16",
     "reward.func=oxrl_core.model_registry.verify:digit_share",
-    "lora.enabled=true",
     "data.val=null",
 ]
 # Mean |log p_vLLM - log p_trainer| per response token, at most. Float32 engines agree with the trainer to 2e-7 to
@@ -60,9 +60,11 @@ def digit_share(response: str, sample: dict) -> float:
     return sum(c.isdigit() for c in response) / max(len(response), 1)
 
 
-def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Console) -> RegistryEntry:
-    """The entry marked verified with today's date, the versions used and the gaps measured; OxrlError if a step
-    fails or a gap passes its bound."""
+def verify(
+    entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Console, full_weights: bool = False
+) -> RegistryEntry:
+    """The entry marked verified with today's date, the versions used, the weights trained and the gaps measured;
+    OxrlError if a step fails or a gap passes its bound."""
     from oxrl_core.loops.train import train  # here: the loops import torch and Ray, which `oxrl onboard` need not
 
     with tempfile.TemporaryDirectory(prefix="oxrl-verify-") as runs:  # the checkpoints are not kept
@@ -71,9 +73,14 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
         if not math.isfinite(sft["last_loss"]):
             raise OxrlError(f"--verify: the SFT step on {entry.model} gave loss {sft['last_loss']}")
         console.rule(f"verify 2/2: two RL steps on {entry.model}")
-        console.print(f"LoRA on {', '.join(entry.lora_targets)}", highlight=False)  # wrapped, where a rule cuts it
-        targets = f"lora.target_modules=[{', '.join(entry.lora_targets)}]"
-        run = resolve_run("rl", rl_config, [*RL_STEPS, targets, f"run.output_dir={runs}"])
+        weights = "full weights" if full_weights else f"LoRA on {', '.join(entry.lora_targets)}"
+        console.print(weights, highlight=False)  # wrapped, where a rule cuts it
+        lora = (
+            ["lora.enabled=false"]
+            if full_weights
+            else ["lora.enabled=true", f"lora.target_modules=[{', '.join(entry.lora_targets)}]"]
+        )
+        run = resolve_run("rl", rl_config, [*RL_STEPS, *lora, f"run.output_dir={runs}"])
         history = train(run, resume=False, console=console)["history"]
     if [h["step"] for h in history] != [1, 2] or not all(math.isfinite(h["loss"]) for h in history):
         raise OxrlError(f"--verify: the RL steps on {entry.model} did not finish with finite losses: {history}")
@@ -92,7 +99,7 @@ def verify(entry: RegistryEntry, sft_config: Path, rl_config: Path, console: Con
             "verified_date": date.today(),
             "verified_versions": _versions(),
             "verified_by": f"{_name(entry.model)} ({entry.architecture}, {entry.params / 1e6:,.1f}M parameters) on "
-            f"{_device()}",
+            f"{_device()}, {'full weights' if full_weights else 'LoRA'}",
             "verified_gap": {"checkpoint": gaps[0], "refresh": gaps[1], "sampler_dtype": run.sampler_dtype} | routed,
         }
     )

@@ -94,6 +94,14 @@ def test_onboard_without_a_model_says_what_to_give(oxrl):
     assert result.stderr.strip() == "error: oxrl onboard: give a Hub id (org/name) or a model folder, or --list"
 
 
+def test_full_weights_without_verify_is_refused_before_anything_is_written(oxrl, tiny_model_dir, tmp_path):
+    result = oxrl("onboard", tiny_model_dir, "--out", tmp_path, "--full-weights")
+    assert result.returncode == 2 and not any(tmp_path.iterdir())
+    assert result.stderr.strip() == (
+        "error: --full-weights: only with --verify (it says which weights the verify's RL steps train)"
+    )
+
+
 def test_list_prints_every_shipped_model(oxrl, tmp_path):
     result = oxrl("onboard", "--list", "--out", tmp_path, env=WIDE)
     assert result.returncode == 0, result.stderr

@@ -34,12 +34,14 @@ FAMILY_MODELS = [
 MULTIMODAL = {"oxrl-tiny-qwen2-5-vl", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"}
 
 
-def assert_verified(entry, stdout: str) -> None:
+def assert_verified(entry, stdout: str, full_weights: bool = False) -> None:
     assert entry.status == "verified" and entry.verified_date is not None, entry
     assert set(entry.verified_versions) == {"oxrl", "torch", "transformers", "vllm", "deepspeed", "peft"}
     gap, bound = entry.verified_gap, GAP_BOUND[entry.verified_gap["sampler_dtype"]]
     assert gap["checkpoint"] <= bound and gap["refresh"] <= bound, gap
-    assert f"LoRA on {', '.join(entry.lora_targets)}" in stdout.replace("\n", " ")
+    weights = "full weights" if full_weights else f"LoRA on {', '.join(entry.lora_targets)}"
+    assert weights in stdout.replace("\n", " ")
+    assert entry.verified_by.endswith(", full weights" if full_weights else ", LoRA"), entry.verified_by
 
 
 # Gemma 2 (eager attention, its own output layer), Qwen3.5 (bf16 engines on CPU, DeltaNet layers) and both mixtures
@@ -48,6 +50,9 @@ def assert_verified(entry, stdout: str) -> None:
 # other families' verifies, 51-59 s each on 2 cores (5.6 minutes together, 2.8 of the whole suite's wall time with
 # two workers, measured 2026-12-07), are the long lane's: with them the whole suite took 27.3 minutes, over its 25.
 IN_THE_WHOLE_SUITE = {"oxrl-tiny-gemma2", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-moe", "oxrl-tiny-qwen3-5-moe"}
+# Qwen3-MoE's RL steps train every weight (its entry's LoRA targets are the attention's alone): its refresh must
+# carry each trained expert into the engines' packed layout; the others train LoRA on their entries' targets
+FULL_WEIGHTS = {"oxrl-tiny-qwen3-moe"}
 
 
 @pytest.mark.parametrize(
@@ -57,11 +62,13 @@ IN_THE_WHOLE_SUITE = {"oxrl-tiny-gemma2", "oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-
 def test_verify_on_each_family_s_tiny_model_samples_refreshes_and_keeps_the_gap_within_its_bound(oxrl, name, tmp_path):
     # Gemma 2's by its folder, as a user's model is given (its entry is named local--<folder>); the others by name
     model = resolve_tiny_model(name) if name == "oxrl-tiny-gemma2" else name
-    result = oxrl("onboard", model, "--out", tmp_path, "--verify", env={"COLUMNS": "200"})
+    full = name in FULL_WEIGHTS
+    weights = ["--full-weights"] if full else []
+    result = oxrl("onboard", model, "--out", tmp_path, "--verify", *weights, env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     entry = load_entry(tmp_path / (f"local--{name}.yaml" if model != name else f"{name}.yaml"))
-    assert_verified(entry, result.stdout)
-    assert entry.verified_by.startswith(f"{name} ({entry.architecture}, ") and entry.verified_by.endswith(" on CPU")
+    assert_verified(entry, result.stdout, full)
+    assert entry.verified_by.startswith(f"{name} ({entry.architecture}, ") and " on CPU, " in entry.verified_by
     if name in ("oxrl-tiny-qwen3-5", "oxrl-tiny-qwen3-5-moe"):  # vLLM's CPU DeltaNet kernel is bf16's only
         assert entry.verified_gap["sampler_dtype"] == "bfloat16" and "the vLLM engines run bfloat16" in result.stdout
         # bf16's own gap here is 1.0e-3; the bound for users' models (real 7Bs: 0.033-0.046) would not see a misplaced
