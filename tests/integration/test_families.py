@@ -1,9 +1,10 @@
 """Every family of the registry through the console script: `oxrl onboard <its tiny model> --verify` (an SFT step, two
-RL steps with vLLM rollouts and a refresh, LoRA on the entry's own targets, the sampler-trainer gap within its bound),
-four families in the whole suite and the others in the long lane. The long lane also runs `oxrl train` SFT and DPO
-for 2 steps with full weights on each, each family's example (examples/families/: GRPO, full weights) for 2 steps,
-and a user's own model of each text architecture, made from transformers' config class alone with a tokenizer of this
-test's own, verified the same way (nothing in the verify path may lean on the tiny models' builders)."""
+RL steps with vLLM rollouts and a refresh, LoRA on the entry's own targets or, for Qwen3-MoE, full weights, the
+sampler-trainer gap within its bound), four families in the whole suite and the others in the long lane. The long
+lane also runs `oxrl train` SFT and DPO for 2 steps with full weights on each, each family's example
+(examples/families/: GRPO, full weights) for 2 steps, and a user's own model of each text architecture, made from
+transformers' config class alone with a tokenizer of this test's own, verified the same way (nothing in the verify
+path may lean on the tiny models' builders)."""
 
 import json
 import math
